@@ -1,0 +1,270 @@
+//! Typed errors of the allocator and of its backends.
+#![forbid(unsafe_code)]
+
+use std::error::Error as StdError;
+use std::fmt;
+
+/// A failed backend (driver) call, carrying the vendor's error code and,
+/// where the binding provides one, the vendor error as `source`.
+#[derive(Debug, thiserror::Error)]
+#[error("{backend}: {call} failed with code {code}: {message}")]
+pub struct BackendError {
+    /// Backend name ("cuda", "hip", "level-zero", "mock").
+    pub backend: &'static str,
+    /// The driver call that failed.
+    pub call: &'static str,
+    /// The vendor's numeric error code (0 when there is none).
+    pub code: i64,
+    /// Human-readable description.
+    pub message: String,
+    /// The vendor error value, when the binding has one.
+    #[source]
+    pub source: Option<Box<dyn StdError + Send + Sync + 'static>>,
+}
+
+impl BackendError {
+    /// A backend error without a vendor error value.
+    pub fn new(
+        backend: &'static str,
+        call: &'static str,
+        code: i64,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            backend,
+            call,
+            code,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Attaches the vendor error value as the source.
+    pub fn with_source(mut self, source: impl StdError + Send + Sync + 'static) -> Self {
+        self.source = Some(Box::new(source));
+        self
+    }
+
+    /// The error for a call the backend does not support.
+    pub fn unsupported(backend: &'static str, call: &'static str) -> Self {
+        Self::new(backend, call, 0, "not supported by this backend")
+    }
+}
+
+/// Result of a failed raw segment allocation.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceAllocError {
+    /// The device has no room for the segment now; freeing cached memory may help.
+    #[error("device out of memory")]
+    OutOfMemory,
+    /// Any other driver failure; never retried.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+}
+
+/// A malformed or invalid allocator configuration, naming the key.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid allocator config: key '{key}': {reason}")]
+pub struct ConfigError {
+    /// The offending key (or the token where parsing failed).
+    pub key: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl ConfigError {
+    pub(crate) fn new(key: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Misuse of graph capture.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CaptureError {
+    /// The backend cannot capture (e.g. Level Zero).
+    #[error("graph capture is not supported by the {0} backend")]
+    Unsupported(&'static str),
+    /// `begin_allocate_to_pool` for a pool that is already recording.
+    #[error("already recording to mempool {0:?}")]
+    AlreadyRecording((u64, u64)),
+    /// `end_allocate_to_pool` for a pool that is not recording.
+    #[error("not currently recording to mempool {0:?}")]
+    NotRecording((u64, u64)),
+    /// `release_pool` of an unknown pool, or a pool whose use count is 0.
+    #[error("unknown or already released mempool {0:?}")]
+    UnknownPool((u64, u64)),
+    /// The pool id is reserved (the default pool (0,0)).
+    #[error("mempool id {0:?} is reserved")]
+    ReservedPool((u64, u64)),
+    /// A stream was found in an invalidated capture.
+    #[error("stream capture was invalidated")]
+    Invalidated,
+    /// The operation is not allowed while a capture is underway.
+    #[error("{0} is not allowed while a graph capture is underway")]
+    NotAllowedDuringCapture(&'static str),
+    /// Streams of one capture report different graphs or states.
+    #[error("inconsistent capture state: {0}")]
+    Inconsistent(String),
+}
+
+/// Details of an out-of-memory failure, with PyTorch's message fields and
+/// what no peer reports: the largest free block per pool, cached bytes per
+/// stream, and whether emptying the cache would make the request fit.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct OomReport {
+    /// Backend name.
+    pub backend: &'static str,
+    /// Device index.
+    pub device: u32,
+    /// Bytes the caller asked for.
+    pub requested: u64,
+    /// Rounded block size.
+    pub rounded: u64,
+    /// Segment size the allocator tried to obtain ("Tried to allocate").
+    pub segment_size: u64,
+    /// Total device capacity.
+    pub total: u64,
+    /// Free device memory as reported by the driver.
+    pub device_free: u64,
+    /// Allowed maximum when a memory fraction is set.
+    pub allowed: Option<u64>,
+    /// Bytes allocated by this allocator (including blocks cached in private pools).
+    pub allocated: u64,
+    /// Free bytes cached in private pools.
+    pub private_pool_cached: u64,
+    /// Bytes reserved by this allocator.
+    pub reserved: u64,
+    /// Largest free block of the default small pool.
+    pub largest_free_small: u64,
+    /// Largest free block of the default large pool.
+    pub largest_free_large: u64,
+    /// Free bytes cached per stream (stream rendered with `Debug`).
+    pub cached_per_stream: Vec<(String, u64)>,
+    /// Whether releasing every free cached segment would make the segment fit.
+    pub fits_after_empty_cache: bool,
+}
+
+/// Formats a byte count as PyTorch's OOM message does.
+pub fn format_size(bytes: u64) -> String {
+    const KB: f64 = 1024.0;
+    let b = bytes as f64;
+    if bytes <= 1024 {
+        format!("{bytes} bytes")
+    } else if bytes <= 1 << 20 {
+        format!("{:.2} KiB", b / KB)
+    } else if bytes <= 1 << 30 {
+        format!("{:.2} MiB", b / (KB * KB))
+    } else {
+        format!("{:.2} GiB", b / (KB * KB * KB))
+    }
+}
+
+impl fmt::Display for OomReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "out of memory. Tried to allocate {}. Device {} ({}) has a total capacity of {} of which {} is free. ",
+            format_size(self.segment_size),
+            self.device,
+            self.backend,
+            format_size(self.total),
+            format_size(self.device_free)
+        )?;
+        if let Some(a) = self.allowed {
+            write!(f, "{} allowed; ", format_size(a))?;
+        }
+        write!(
+            f,
+            "Of the allocated memory {} is allocated by cachalot, ",
+            format_size(self.allocated)
+        )?;
+        if self.private_pool_cached > 0 {
+            write!(
+                f,
+                "with {} allocated in private pools (e.g., CUDA Graphs), ",
+                format_size(self.private_pool_cached)
+            )?;
+        }
+        write!(
+            f,
+            "and {} is reserved by cachalot but unallocated. ",
+            format_size(
+                self.reserved
+                    .saturating_sub(self.allocated.saturating_sub(self.private_pool_cached))
+                    .saturating_sub(self.private_pool_cached)
+            )
+        )?;
+        write!(
+            f,
+            "Largest free block: {} (small pool), {} (large pool). ",
+            format_size(self.largest_free_small),
+            format_size(self.largest_free_large)
+        )?;
+        if !self.cached_per_stream.is_empty() {
+            write!(f, "Cached per stream:")?;
+            for (s, b) in &self.cached_per_stream {
+                write!(f, " {s}={}", format_size(*b))?;
+            }
+            write!(f, ". ")?;
+        }
+        if self.fits_after_empty_cache {
+            write!(
+                f,
+                "Emptying the cache (empty_cache) would make this request fit."
+            )
+        } else {
+            write!(f, "Emptying the cache would not make this request fit.")
+        }
+    }
+}
+
+/// Every error the allocator returns across its public API.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Out of memory now, after the whole flush-and-retry ladder. Freeing
+    /// memory (or waiting for other streams) may make a retry succeed.
+    #[error("{0}")]
+    OutOfMemory(Box<OomReport>),
+    /// The request can never fit on this device (or is absurd, ≥ 2^60 bytes).
+    #[error("allocation of {requested} bytes can never fit: {reason}")]
+    NeverFits {
+        /// Requested bytes.
+        requested: u64,
+        /// Why.
+        reason: String,
+    },
+    /// The pointer was never handed out by this allocator.
+    #[error("invalid device pointer: {0:#x} was not allocated by this allocator")]
+    UnknownPointer(u64),
+    /// The pointer lies in this allocator's memory but is not a live allocation.
+    #[error("double free or invalid free of device pointer {0:#x}: it is not a live allocation")]
+    DoubleFree(u64),
+    /// A malformed or invalid allocator configuration.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Misuse of graph capture.
+    #[error(transparent)]
+    Capture(#[from] CaptureError),
+    /// A driver call failed.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// No backend or device is available.
+    #[error("no device: {0}")]
+    NoDevice(String),
+    /// An argument is invalid (e.g. a device index out of range).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+}
+
+impl Error {
+    /// Whether this is the "out of memory now" kind (retrying after freeing may help).
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, Error::OutOfMemory(_))
+    }
+}
+
+/// Result alias of the allocator.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

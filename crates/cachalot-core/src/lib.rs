@@ -1,0 +1,25 @@
+//! # cachalot-core
+//!
+//! The device-agnostic heart of cachalot: the [`Backend`] trait every
+//! accelerator implements, typed [errors](Error), the [stats model](stats)
+//! with PyTorch's exact flat keys, the [allocator config](config) string, and
+//! the caching engine [`CachingAllocator`] (size rounding, small and large
+//! pools, best fit, split and coalesce, per-stream reuse, `record_stream`
+//! with events, OOM flush-and-retry, `empty_cache`).
+//!
+//! The core knows no vendor: backends live in their own crates and depend on
+//! this one.
+
+pub mod backend;
+pub mod config;
+pub mod error;
+pub mod stats;
+
+pub use backend::{
+    Backend, CaptureInfo, CaptureStatus, DependencyUpdate, DeviceIndex, DevicePointer, MemoryInfo,
+};
+pub use config::{AllocatorConfig, CaptureReuse};
+pub use error::{
+    BackendError, CaptureError, ConfigError, DeviceAllocError, Error, OomReport, Result,
+};
+pub use stats::{DeviceStats, Stat, StatArray, StatType};
