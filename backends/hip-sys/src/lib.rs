@@ -67,6 +67,15 @@ pub const hipErrorStreamCaptureInvalidated: hipError_t = 901;
 /// An unknown error.
 pub const hipErrorUnknown: hipError_t = 999;
 
+/// `hipStreamCaptureMode`: a C enum, `int`-sized.
+pub type hipStreamCaptureMode = c_int;
+/// `hipStreamCaptureModeGlobal`: unsafe calls are prohibited in every thread.
+pub const hipStreamCaptureModeGlobal: hipStreamCaptureMode = 0;
+/// `hipStreamCaptureModeThreadLocal`: unsafe calls are prohibited in this thread.
+pub const hipStreamCaptureModeThreadLocal: hipStreamCaptureMode = 1;
+/// `hipStreamCaptureModeRelaxed`: unsafe calls (e.g. `hipMalloc`) are allowed.
+pub const hipStreamCaptureModeRelaxed: hipStreamCaptureMode = 2;
+
 /// `hipStreamCaptureStatusNone`: the stream is not capturing.
 pub const hipStreamCaptureStatusNone: hipStreamCaptureStatus = 0;
 /// `hipStreamCaptureStatusActive`: the stream is capturing.
@@ -287,6 +296,8 @@ hip_api! {
         /// `hipError_t hipStreamUpdateCaptureDependencies(hipStream_t stream,
         /// hipGraphNode_t* dependencies, size_t numDependencies, unsigned int flags)`
         fn hipStreamUpdateCaptureDependencies(stream: hipStream_t, deps: *mut hipGraphNode_t, n: usize, flags: c_uint) -> hipError_t;
+        /// `hipError_t hipThreadExchangeStreamCaptureMode(hipStreamCaptureMode* mode)`
+        fn hipThreadExchangeStreamCaptureMode(mode: *mut hipStreamCaptureMode) -> hipError_t;
     }
 }
 

@@ -132,6 +132,18 @@ fn constants_and_sizes_match_header() {
             "hipStreamSetCaptureDependencies",
             hipStreamSetCaptureDependencies as i64,
         ),
+        (
+            "hipStreamCaptureModeGlobal",
+            hipStreamCaptureModeGlobal as i64,
+        ),
+        (
+            "hipStreamCaptureModeThreadLocal",
+            hipStreamCaptureModeThreadLocal as i64,
+        ),
+        (
+            "hipStreamCaptureModeRelaxed",
+            hipStreamCaptureModeRelaxed as i64,
+        ),
         ("hipStreamDefault", hipStreamDefault as i64),
         ("hipStreamNonBlocking", hipStreamNonBlocking as i64),
         ("hipEventDefault", hipEventDefault as i64),
@@ -220,6 +232,7 @@ fn signatures_match_header() {
         "hipError_t (*f_hipGraphNodeGetDependencies)(hipGraphNode_t, hipGraphNode_t*, size_t*) = hipGraphNodeGetDependencies;",
         "hipError_t (*f_hipGraphAddEmptyNode)(hipGraphNode_t*, hipGraph_t, const hipGraphNode_t*, size_t) = hipGraphAddEmptyNode;",
         "hipError_t (*f_hipStreamUpdateCaptureDependencies)(hipStream_t, hipGraphNode_t*, size_t, unsigned int) = hipStreamUpdateCaptureDependencies;",
+        "hipError_t (*f_hipThreadExchangeStreamCaptureMode)(hipStreamCaptureMode*) = hipThreadExchangeStreamCaptureMode;",
     ];
     let mut src = String::from("#include <hip/hip_runtime_api.h>\n");
     for p in protos {

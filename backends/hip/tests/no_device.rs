@@ -1,0 +1,81 @@
+//! The real library, no fakes: with `libamdhip64` installed and no GPU (CI),
+//! opening returns a clean typed error and the device tests skip with a
+//! printed reason; with the library absent, likewise. On a machine with an
+//! AMD GPU the smoke test runs for real.
+
+use cachalot_core::{Backend, DeviceAllocError};
+use cachalot_hip::{HipBackend, OpenError};
+use cachalot_hip_sys::LoadError;
+
+/// Opens device 0, or prints why the device tests skip.
+fn open_or_skip(test: &str) -> Option<HipBackend> {
+    match HipBackend::new(0) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            assert!(
+                e.is_unavailable(),
+                "opening failed for another reason: {e:?}"
+            );
+            println!("skipped {test}: {e}");
+            None
+        }
+    }
+}
+
+#[test]
+fn absent_library_is_a_typed_error() {
+    let e = HipBackend::open(&["libamdhip64-cachalot-absent.so.9"], 0).unwrap_err();
+    assert!(
+        matches!(&e, OpenError::Library(LoadError::LibraryNotFound { tried }) if tried.len() == 1),
+        "{e:?}"
+    );
+    assert!(e.is_unavailable());
+    assert!(matches!(
+        cachalot_core::Error::from(e),
+        cachalot_core::Error::NoDevice(_)
+    ));
+}
+
+#[test]
+fn installed_library_without_device_is_a_typed_error() {
+    match cachalot_hip_sys::HipApi::load() {
+        Err(e) => println!("skipped: HIP runtime not installed: {e}"),
+        Ok(api) => {
+            println!("loaded {:?}", api.library_name());
+            match HipBackend::with_api(api, 0) {
+                Ok(_) => println!("a HIP device is present; see smoke_test"),
+                Err(e) => {
+                    println!("no device, as expected without a GPU: {e}");
+                    assert!(matches!(e, OpenError::NoDevice { .. }), "{e:?}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn smoke_test() {
+    let Some(b) = open_or_skip("smoke_test") else {
+        return;
+    };
+    let info = b.memory_info().unwrap();
+    assert!(info.total > 0 && info.free <= info.total);
+    let p = b.malloc(2 << 20).unwrap();
+    let s = b.create_stream().unwrap();
+    let ev = b.create_event().unwrap();
+    b.record_event(&ev, s.handle()).unwrap();
+    b.synchronize_event(&ev).unwrap();
+    assert!(b.query_event(&ev).unwrap());
+    b.stream_wait_event(b.default_stream(), &ev).unwrap();
+    b.destroy_event(ev).unwrap();
+    assert_eq!(
+        b.capture_info(s.handle()).unwrap().status,
+        cachalot_core::CaptureStatus::None
+    );
+    b.synchronize_device().unwrap();
+    b.free(p, 2 << 20).unwrap();
+    assert!(matches!(
+        b.malloc(1 << 62),
+        Err(DeviceAllocError::OutOfMemory)
+    ));
+}
