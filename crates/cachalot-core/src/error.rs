@@ -242,6 +242,10 @@ pub enum Error {
     /// The pointer lies in this allocator's memory but is not a live allocation.
     #[error("double free or invalid free of device pointer {0:#x}: it is not a live allocation")]
     DoubleFree(u64),
+    /// The pointer lies in this allocator's memory but is not a live
+    /// allocation (e.g. `record_stream` after free).
+    #[error("device pointer {0:#x} is not a live allocation (already freed?)")]
+    NotLive(u64),
     /// A malformed or invalid allocator configuration.
     #[error(transparent)]
     Config(#[from] ConfigError),

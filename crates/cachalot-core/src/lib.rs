@@ -9,6 +9,7 @@
 //!
 //! The core knows no vendor: backends live in their own crates and depend on
 //! this one.
+#![forbid(unsafe_code)]
 
 pub mod backend;
 pub mod config;
@@ -23,3 +24,7 @@ pub use error::{
     BackendError, CaptureError, ConfigError, DeviceAllocError, Error, OomReport, Result,
 };
 pub use stats::{DeviceStats, Stat, StatArray, StatType};
+
+pub mod engine;
+pub use engine::{CachingAllocator, PoolFilter, PoolId, graph_pool_handle};
+pub mod replay;

@@ -1,0 +1,243 @@
+//! The caching engine: [`CachingAllocator`], generic over a [`Backend`].
+//!
+//! Behaviour follows PyTorch 2.11's native `CUDACachingAllocator` (see the
+//! spec in `shared/spec/pytorch-allocator.md`): size rounding, small and large
+//! pools, best fit by (stream, size, address), splitting and coalescing,
+//! oversize blocks, per-stream reuse, `record_stream` with end-of-life events,
+//! garbage collection, the memory fraction, the OOM ladder and `empty_cache`.
+//! Deviations from PyTorch are bug fixes, each marked in a comment.
+
+mod capture;
+mod invariants;
+pub mod rounding;
+mod snapshot;
+mod state;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::backend::Backend;
+use crate::config::AllocatorConfig;
+use crate::error::{Error, OomReport};
+use crate::stats::DeviceStats;
+
+pub use snapshot::{BlockSnapshot, BlockState, SegmentSnapshot, Snapshot};
+pub use state::{PoolFilter, PoolId};
+use state::{AllocOutcome, Inner};
+
+/// A callback run on out-of-memory, after the lock is dropped and before the
+/// error is returned.
+pub type OomObserver = Arc<dyn Fn(&OomReport) + Send + Sync>;
+
+static NEXT_POOL: AtomicU64 = AtomicU64::new(1);
+
+/// A fresh user pool id `(0, n)`, like `torch.cuda.graph_pool_handle()`.
+pub fn graph_pool_handle() -> PoolId {
+    (0, NEXT_POOL.fetch_add(1, Ordering::Relaxed))
+}
+
+/// A caching device-memory allocator for one device.
+///
+/// Thread-safe: every operation takes one short lock. `allocate` on a cache
+/// hit does no heap allocation and calls no backend function (unless blocks
+/// with cross-stream uses are waiting for their events).
+pub struct CachingAllocator<B: Backend> {
+    backend: B,
+    inner: Mutex<Inner<B>>,
+    observers: RwLock<Vec<OomObserver>>,
+}
+
+impl<B: Backend> std::fmt::Debug for CachingAllocator<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachingAllocator")
+            .field("backend", &self.backend.name())
+            .field("device", &self.backend.device())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Backend> CachingAllocator<B> {
+    /// An allocator over `backend` configured from the environment
+    /// (`CACHALOT_ALLOC_CONF`, then PyTorch's variables).
+    pub fn new(backend: B) -> Result<Self, Error> {
+        let config = AllocatorConfig::from_env()?;
+        Self::with_config(backend, config)
+    }
+
+    /// An allocator over `backend` with an explicit configuration.
+    pub fn with_config(backend: B, config: AllocatorConfig) -> Result<Self, Error> {
+        let total = backend.memory_info()?.total;
+        Ok(Self {
+            inner: Mutex::new(Inner::new(config, total)),
+            backend,
+            observers: RwLock::new(Vec::new()),
+        })
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// Allocates `size` bytes for use on `stream`. Returns the device address;
+    /// a request of 0 bytes returns the null address 0 without touching the
+    /// cache (as PyTorch). Requests ≥ 2^60 bytes are [`Error::NeverFits`].
+    pub fn allocate(&self, size: u64, stream: B::Stream) -> Result<u64, Error> {
+        if size == 0 {
+            return Ok(0);
+        }
+        if size >= rounding::MAX_REQUEST {
+            return Err(Error::NeverFits {
+                requested: size,
+                reason: "tried to allocate more than 1EB memory".into(),
+            });
+        }
+        let outcome = self.inner.lock().malloc(&self.backend, size, stream)?;
+        match outcome {
+            AllocOutcome::Ok(addr) => Ok(addr),
+            AllocOutcome::Oom(report, never) => {
+                tracing::warn!(%report, "out of memory");
+                for o in self.observers.read().iter() {
+                    o(&report);
+                }
+                if never {
+                    Err(Error::NeverFits {
+                        requested: size,
+                        reason: report.to_string(),
+                    })
+                } else {
+                    Err(Error::OutOfMemory(report))
+                }
+            }
+        }
+    }
+
+    /// Frees an address returned by [`Self::allocate`]. Freeing the null
+    /// address is a no-op. If the block was used on other streams
+    /// ([`Self::record_stream`]) it is reused only after their work completes.
+    pub fn free(&self, addr: u64) -> Result<(), Error> {
+        if addr == 0 {
+            return Ok(());
+        }
+        self.inner.lock().free(&self.backend, addr)
+    }
+
+    /// Marks the allocation at `addr` as used on `stream`, so that its memory
+    /// is not reused before `stream`'s work queued up to its free completes.
+    pub fn record_stream(&self, addr: u64, stream: B::Stream) -> Result<(), Error> {
+        if addr == 0 {
+            return Ok(());
+        }
+        self.inner.lock().record_stream(addr, stream)
+    }
+
+    /// The size of the block handed out at `addr` (the rounded size, or the
+    /// whole block when it was not split), if `addr` is a live allocation.
+    pub fn block_size(&self, addr: u64) -> Option<u64> {
+        let g = self.inner.lock();
+        g.live.get(&addr).map(|&id| g.blocks[id as usize].size)
+    }
+
+    /// Releases every whole free segment of the default pools (and of private
+    /// pools no graph holds) back to the device, after waiting for pending
+    /// end-of-life events. Inside a capture only freeable private pools are
+    /// released.
+    pub fn empty_cache(&self) -> Result<(), Error> {
+        self.inner.lock().empty_cache(&self.backend)
+    }
+
+    /// A copy of the statistics.
+    pub fn stats(&self) -> DeviceStats {
+        self.inner.lock().stats.clone()
+    }
+
+    /// The flat, sorted statistics map with PyTorch's 122 keys.
+    pub fn memory_stats(&self) -> BTreeMap<String, i64> {
+        self.stats().to_flat()
+    }
+
+    /// `reset_peak_memory_stats`.
+    pub fn reset_peak_stats(&self) {
+        self.inner.lock().stats.reset_peak();
+    }
+
+    /// `reset_accumulated_memory_stats`.
+    pub fn reset_accumulated_stats(&self) {
+        self.inner.lock().stats.reset_accumulated();
+    }
+
+    /// The current configuration.
+    pub fn config(&self) -> AllocatorConfig {
+        self.inner.lock().config.clone()
+    }
+
+    /// Re-parses a config string at run time (PyTorch's
+    /// `_accelerator_setAllocatorSettings`). On error nothing changes.
+    pub fn set_config(&self, config: &str) -> Result<(), Error> {
+        self.inner.lock().set_config(config)
+    }
+
+    /// Caps this allocator at `fraction` of the device's total memory.
+    pub fn set_memory_fraction(&self, fraction: f64) -> Result<(), Error> {
+        self.inner.lock().set_memory_fraction(fraction)
+    }
+
+    /// Registers a callback run on every out-of-memory error.
+    pub fn add_oom_observer(&self, observer: OomObserver) {
+        self.observers.write().push(observer);
+    }
+
+    /// Routes allocations of streams matching `filter` to the private pool
+    /// `pool` (created if new, else its use count grows), as PyTorch's
+    /// `beginAllocateToPool`. Call before beginning the backend capture.
+    pub fn begin_allocate_to_pool(&self, pool: PoolId, filter: PoolFilter<B::Stream>) -> Result<(), Error> {
+        if !self.backend.supports_capture() {
+            if let PoolFilter::CaptureId(_) = filter {
+                return Err(crate::error::CaptureError::Unsupported(self.backend.name()).into());
+            }
+        }
+        self.inner.lock().begin_allocate_to_pool(pool, filter)
+    }
+
+    /// Stops routing allocations to `pool` (PyTorch's `endAllocateToPool`).
+    /// Call after the backend capture has ended.
+    pub fn end_allocate_to_pool(&self, pool: PoolId) -> Result<(), Error> {
+        self.inner.lock().end_allocate_to_pool(&self.backend, pool)
+    }
+
+    /// Drops one use of a private pool (graph destroyed). At zero uses its free
+    /// segments are released, and the pool is deleted once it owns none.
+    pub fn release_pool(&self, pool: PoolId) -> Result<(), Error> {
+        self.inner.lock().release_pool(&self.backend, pool)
+    }
+
+    /// Ends an abandoned or invalidated capture: stops routing to the pool and
+    /// drops the capture's use of it, so it does not leak (PyTorch #190308).
+    pub fn abandon_capture(&self, pool: PoolId) -> Result<(), Error> {
+        let mut g = self.inner.lock();
+        g.end_allocate_to_pool(&self.backend, pool)?;
+        g.release_pool(&self.backend, pool)
+    }
+
+    /// Checks every bookkeeping invariant (tests call it after each operation).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.inner.lock().check_invariants()
+    }
+
+    /// A snapshot of every segment and block.
+    pub fn snapshot(&self) -> Snapshot {
+        self.inner.lock().snapshot()
+    }
+}
+
+impl<B: Backend> Drop for CachingAllocator<B> {
+    fn drop(&mut self) {
+        let g = self.inner.get_mut();
+        if let Err(e) = g.release_all_on_drop(&self.backend) {
+            tracing::error!(%e, "releasing device memory on drop failed");
+        }
+    }
+}

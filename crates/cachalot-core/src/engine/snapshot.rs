@@ -1,0 +1,123 @@
+//! Snapshots of every segment and block (PyTorch's `_snapshot()` segments).
+
+use crate::backend::Backend;
+use crate::engine::state::{BState, Inner, NIL, PoolId};
+
+/// State of a block in a snapshot (PyTorch's names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockState {
+    /// Handed out to the caller.
+    ActiveAllocated,
+    /// Freed by the caller, waiting for other streams' work or a capture.
+    ActivePendingFree,
+    /// Free and cached.
+    Inactive,
+}
+
+impl BlockState {
+    /// PyTorch's string for the state.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BlockState::ActiveAllocated => "active_allocated",
+            BlockState::ActivePendingFree => "active_pending_free",
+            BlockState::Inactive => "inactive",
+        }
+    }
+}
+
+/// One block of a segment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockSnapshot {
+    /// Device address.
+    pub address: u64,
+    /// Block size.
+    pub size: u64,
+    /// Bytes requested by the caller (0 when inactive).
+    pub requested_size: u64,
+    /// State.
+    pub state: BlockState,
+    /// The block's stream (rendered with `Debug`).
+    pub stream: String,
+}
+
+/// One device segment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentSnapshot {
+    /// Device index.
+    pub device: u32,
+    /// Device address.
+    pub address: u64,
+    /// Segment size.
+    pub total_size: u64,
+    /// Bytes of allocated blocks.
+    pub allocated_size: u64,
+    /// Bytes of active (allocated or pending) blocks.
+    pub active_size: u64,
+    /// Requested bytes of active blocks.
+    pub requested_size: u64,
+    /// Stream of the segment's first block (rendered with `Debug`).
+    pub stream: String,
+    /// Whether the segment belongs to a small pool.
+    pub is_small: bool,
+    /// Pool id ((0,0) for the default pools).
+    pub pool_id: PoolId,
+    /// Blocks in address order.
+    pub blocks: Vec<BlockSnapshot>,
+}
+
+/// Every segment, sorted by address.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Segments in address order.
+    pub segments: Vec<SegmentSnapshot>,
+}
+
+impl<B: Backend> Inner<B> {
+    pub(crate) fn snapshot(&self) -> Snapshot {
+        let mut segments = Vec::with_capacity(self.segments.len());
+        for (&addr, seg) in &self.segments {
+            let head = &self.blocks[seg.head as usize];
+            let pool_id = self.pools[head.pool as usize]
+                .as_ref()
+                .map_or((0, 0), |p| p.id);
+            let mut s = SegmentSnapshot {
+                device: 0,
+                address: addr,
+                total_size: seg.size,
+                allocated_size: 0,
+                active_size: 0,
+                requested_size: 0,
+                stream: format!("{:?}", head.stream),
+                is_small: head.small,
+                pool_id,
+                blocks: Vec::new(),
+            };
+            let mut id = seg.head;
+            while id != NIL {
+                let b = &self.blocks[id as usize];
+                let state = match b.state {
+                    BState::Allocated => BlockState::ActiveAllocated,
+                    BState::Pending => BlockState::ActivePendingFree,
+                    _ => BlockState::Inactive,
+                };
+                if state == BlockState::ActiveAllocated {
+                    s.allocated_size += b.size;
+                }
+                if state != BlockState::Inactive {
+                    s.active_size += b.size;
+                    s.requested_size += b.requested;
+                }
+                s.blocks.push(BlockSnapshot {
+                    address: b.addr,
+                    size: b.size,
+                    requested_size: if state == BlockState::Inactive { 0 } else { b.requested },
+                    state,
+                    stream: format!("{:?}", b.stream),
+                });
+                id = b.next;
+            }
+            segments.push(s);
+        }
+        Snapshot { segments }
+    }
+}

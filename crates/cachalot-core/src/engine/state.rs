@@ -1,0 +1,1200 @@
+//! The engine's bookkeeping: blocks, segments, pools, events and stats.
+//! Everything here runs under the allocator's lock.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+
+use crate::backend::{Backend, DevicePointer};
+use crate::config::{AllocatorConfig, CaptureReuse};
+use crate::engine::rounding::{
+    MAX_REQUEST, MIN_BLOCK_SIZE, SMALL_SIZE, allocation_size, round_size,
+};
+use crate::error::{BackendError, CaptureError, DeviceAllocError, Error, OomReport};
+use crate::stats::{DeviceStats, StatType};
+
+/// Index of a block in the slab.
+pub(crate) type BlockId = u32;
+/// "No block".
+pub(crate) const NIL: BlockId = u32::MAX;
+/// Index of a pool pair; 0 is the default pool pair.
+pub(crate) type PoolIdx = u32;
+/// A memory pool id as PyTorch's `MempoolId_t`; (0,0) is the default pool.
+pub type PoolId = (u64, u64);
+
+/// A cheap hasher for device addresses (multiples of 512).
+#[derive(Default, Clone, Copy)]
+pub(crate) struct AddrHasher(u64);
+impl Hasher for AddrHasher {
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ *b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    #[inline]
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (x >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+pub(crate) type AddrMap<V> = HashMap<u64, V, BuildHasherDefault<AddrHasher>>;
+
+/// Life-cycle state of a block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BState {
+    /// Cached in its pool's free set.
+    Free,
+    /// Handed out to the caller.
+    Allocated,
+    /// Freed by the caller, waiting for events or for a capture to allow it.
+    Pending,
+    /// Slab slot not in use.
+    Dead,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Block<S> {
+    pub addr: u64,
+    pub size: u64,
+    pub requested: u64,
+    pub stream: S,
+    pub pool: PoolIdx,
+    pub small: bool,
+    pub prev: BlockId,
+    pub next: BlockId,
+    pub state: BState,
+    pub event_count: u32,
+    pub gc_base: u64,
+    /// Counted in `oversize_allocations` when handed out (the threshold may
+    /// change at run time; the flag keeps the stat balanced).
+    pub oversize: bool,
+    /// Streams recorded with `record_stream` (outside capture or before it).
+    pub stream_uses: Vec<S>,
+    /// Streams recorded while a capture was underway.
+    pub capture_uses: Vec<S>,
+}
+
+impl<S> Block<S> {
+    #[inline]
+    pub fn is_split(&self) -> bool {
+        self.prev != NIL || self.next != NIL
+    }
+    #[inline]
+    pub fn stat_type(&self) -> StatType {
+        StatType::of_pool(self.small)
+    }
+}
+
+/// One ordered free set, keyed by (stream, size, address) as PyTorch's.
+pub(crate) struct BlockPool<S> {
+    pub free: BTreeMap<(S, u64, u64), BlockId>,
+    pub gc_calls: u64,
+}
+
+impl<S> Default for BlockPool<S> {
+    fn default() -> Self {
+        Self {
+            free: BTreeMap::new(),
+            gc_calls: 0,
+        }
+    }
+}
+
+/// A small + large pool pair: the default pools or one private pool.
+pub(crate) struct PoolPair<S> {
+    pub id: PoolId,
+    pub small: BlockPool<S>,
+    pub large: BlockPool<S>,
+    /// Graphs (or users) holding the pool; 0 = freeable. The default pool never reaches 0.
+    pub use_count: u32,
+    /// Segments owned by the pool.
+    pub segments: u32,
+}
+
+impl<S> PoolPair<S> {
+    #[inline]
+    pub fn get(&mut self, small: bool) -> &mut BlockPool<S> {
+        if small { &mut self.small } else { &mut self.large }
+    }
+    pub fn get_ref(&self, small: bool) -> &BlockPool<S> {
+        if small { &self.small } else { &self.large }
+    }
+}
+
+/// A device segment.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Segment {
+    pub size: u64,
+    pub head: BlockId,
+    /// Counted in `oversize_segments`.
+    pub oversize: bool,
+}
+
+/// Which streams' allocations a capture routes to its pool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PoolFilter<S> {
+    /// Streams whose capture id (from the backend) equals this id.
+    CaptureId(u64),
+    /// Exactly these streams.
+    Streams(Vec<S>),
+}
+
+/// A capture (or pool context) registered with the allocator.
+pub(crate) struct CaptureEntry<S> {
+    pub pool: PoolId,
+    pub filter: PoolFilter<S>,
+}
+
+/// A block freed during capture with cross-stream uses.
+pub(crate) struct Deferred<N> {
+    pub block: BlockId,
+    /// Free markers; empty = wait for capture end.
+    pub markers: Vec<N>,
+}
+
+/// Per-capture reuse context: for each stream, the set of graph nodes
+/// known to precede its future work.
+pub(crate) struct ReuseContext<S, N> {
+    pub visited: HashMap<S, std::collections::HashSet<N>>,
+    pub pool: PoolId,
+}
+
+/// Parameters of one allocation.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Params<S> {
+    pub stream: S,
+    pub requested: u64,
+    pub size: u64,
+    pub alloc_size: u64,
+    pub pool: PoolIdx,
+    pub small: bool,
+}
+
+/// Outcome of the pre-lock checks of `malloc`.
+pub(crate) enum AllocOutcome {
+    Ok(u64),
+    Oom(Box<OomReport>, bool),
+}
+
+pub(crate) struct Inner<B: Backend> {
+    pub blocks: Vec<Block<B::Stream>>,
+    pub free_slots: Vec<BlockId>,
+    pub pools: Vec<Option<PoolPair<B::Stream>>>,
+    pub pool_index: HashMap<PoolId, PoolIdx>,
+    pub segments: BTreeMap<u64, Segment>,
+    pub live: AddrMap<BlockId>,
+    pub stats: DeviceStats,
+    pub config: AllocatorConfig,
+    /// Per-stream FIFOs of (event, block) in record order.
+    pub event_queues: Vec<(B::Stream, VecDeque<(B::Event, BlockId)>)>,
+    pub outstanding_events: usize,
+    pub event_pool: Vec<B::Event>,
+    pub captures: Vec<CaptureEntry<B::Stream>>,
+    pub deferred: Vec<Deferred<B::Node>>,
+    pub reuse_contexts: HashMap<u64, ReuseContext<B::Stream, B::Node>>,
+    pub total_memory: u64,
+    pub memory_fraction: f64,
+    pub allowed_max: Option<u64>,
+}
+
+impl<B: Backend> Inner<B> {
+    pub fn new(config: AllocatorConfig, total_memory: u64) -> Self {
+        let mut stats = DeviceStats {
+            max_split_size: config.max_split_size_stat(),
+            ..DeviceStats::default()
+        };
+        stats.max_split_size = config.max_split_size_stat();
+        let mut pool_index = HashMap::new();
+        pool_index.insert((0, 0), 0);
+        let mut s = Self {
+            blocks: Vec::new(),
+            free_slots: Vec::new(),
+            pools: vec![Some(PoolPair {
+                id: (0, 0),
+                small: BlockPool::default(),
+                large: BlockPool::default(),
+                use_count: 1,
+                segments: 0,
+            })],
+            pool_index,
+            segments: BTreeMap::new(),
+            live: AddrMap::default(),
+            stats,
+            event_queues: Vec::new(),
+            outstanding_events: 0,
+            event_pool: Vec::new(),
+            captures: Vec::new(),
+            deferred: Vec::new(),
+            reuse_contexts: HashMap::new(),
+            total_memory,
+            memory_fraction: config.per_process_memory_fraction,
+            allowed_max: None,
+            config,
+        };
+        s.update_allowed();
+        s
+    }
+
+    pub fn update_allowed(&mut self) {
+        self.allowed_max = if self.memory_fraction < 1.0 {
+            Some((self.memory_fraction * self.total_memory as f64) as u64)
+        } else {
+            None
+        };
+    }
+
+    // ----- slab -----
+
+    fn new_block(&mut self, b: Block<B::Stream>) -> BlockId {
+        if let Some(id) = self.free_slots.pop() {
+            self.blocks[id as usize] = b;
+            id
+        } else {
+            self.blocks.push(b);
+            (self.blocks.len() - 1) as BlockId
+        }
+    }
+
+    fn drop_block(&mut self, id: BlockId) {
+        let b = &mut self.blocks[id as usize];
+        b.state = BState::Dead;
+        b.prev = NIL;
+        b.next = NIL;
+        b.stream_uses.clear();
+        b.capture_uses.clear();
+        self.free_slots.push(id);
+    }
+
+    #[inline]
+    pub fn pool_mut(&mut self, idx: PoolIdx) -> &mut PoolPair<B::Stream> {
+        self.pools[idx as usize]
+            .as_mut()
+            .expect("block refers to a live pool")
+    }
+
+    #[inline]
+    fn insert_free(&mut self, id: BlockId) {
+        let b = &self.blocks[id as usize];
+        let key = (b.stream, b.size, b.addr);
+        let (pool, small) = (b.pool, b.small);
+        let p = self.pool_mut(pool).get(small);
+        let gc = p.gc_calls;
+        p.free.insert(key, id);
+        let b = &mut self.blocks[id as usize];
+        b.gc_base = gc;
+        b.state = BState::Free;
+    }
+
+    #[inline]
+    pub(crate) fn remove_free(&mut self, id: BlockId) {
+        let b = &self.blocks[id as usize];
+        let key = (b.stream, b.size, b.addr);
+        let (pool, small) = (b.pool, b.small);
+        let removed = self.pool_mut(pool).get(small).free.remove(&key);
+        debug_assert_eq!(removed, Some(id));
+    }
+
+    // ----- pool choice -----
+
+    /// The pool pair for an allocation on `stream` (spec 2.3).
+    pub fn choose_pool(&self, backend: &B, stream: B::Stream) -> Result<PoolIdx, Error> {
+        for c in self.captures.iter().rev() {
+            let hit = match &c.filter {
+                PoolFilter::Streams(v) => v.contains(&stream),
+                PoolFilter::CaptureId(id) => {
+                    let info = backend.capture_info(stream)?;
+                    info.status == crate::backend::CaptureStatus::Active && info.id == *id
+                }
+            };
+            if hit {
+                return Ok(self.pool_index[&c.pool]);
+            }
+        }
+        Ok(0)
+    }
+
+    // ----- the allocation path -----
+
+    pub fn params(&self, size: u64, stream: B::Stream, pool: PoolIdx) -> Params<B::Stream> {
+        let rounded = round_size(size, &self.config);
+        Params {
+            stream,
+            requested: size,
+            size: rounded,
+            alloc_size: allocation_size(rounded, &self.config),
+            pool,
+            small: rounded <= SMALL_SIZE,
+        }
+    }
+
+    /// PyTorch's `get_free_block`.
+    #[inline]
+    pub fn get_free_block(&mut self, p: &Params<B::Stream>) -> Option<BlockId> {
+        let gc_on = self.allowed_max.is_some() && self.config.garbage_collection_threshold > 0.0;
+        let max_split = self.config.max_split_size;
+        let max_nsr = self.config.max_non_split_rounding_size;
+        let pool = self.pools[p.pool as usize].as_mut()?.get(p.small);
+        if gc_on {
+            pool.gc_calls += 1;
+        }
+        let (&(s, bsize, baddr), &id) = pool.free.range((p.stream, p.size, 0)..).next()?;
+        if s != p.stream {
+            return None;
+        }
+        if p.size < max_split && bsize >= max_split {
+            return None;
+        }
+        if p.size >= max_split && bsize >= p.size.saturating_add(max_nsr) {
+            return None;
+        }
+        pool.free.remove(&(s, bsize, baddr));
+        Some(id)
+    }
+
+    /// Gets a new segment from the device (PyTorch's `alloc_block`).
+    /// `Ok(None)` = out of memory (retry may help); `Err` = other driver error.
+    pub fn alloc_block(
+        &mut self,
+        backend: &B,
+        p: &Params<B::Stream>,
+    ) -> Result<Option<BlockId>, Error> {
+        let size = p.alloc_size;
+        if let Some(max) = self.allowed_max {
+            if self.stats.reserved_bytes.all().current as u64 + size > max {
+                return Ok(None);
+            }
+        }
+        let ptr = match backend.malloc(size) {
+            Ok(ptr) => ptr.addr(),
+            Err(DeviceAllocError::OutOfMemory) => return Ok(None),
+            Err(DeviceAllocError::Backend(e)) => return Err(e.into()),
+        };
+        let st = StatType::of_pool(p.small);
+        self.stats.segment.update(st, 1);
+        self.stats.reserved_bytes.update(st, size as i64);
+        let oversize = size >= self.config.max_split_size;
+        if oversize {
+            self.stats.oversize_segments.increase(1);
+        }
+        self.stats.num_device_alloc += 1;
+        self.pool_mut(p.pool).segments += 1;
+        let id = self.new_block(Block {
+            addr: ptr,
+            size,
+            requested: 0,
+            stream: p.stream,
+            pool: p.pool,
+            small: p.small,
+            prev: NIL,
+            next: NIL,
+            state: BState::Free,
+            event_count: 0,
+            gc_base: 0,
+            oversize: false,
+            stream_uses: Vec::new(),
+            capture_uses: Vec::new(),
+        });
+        self.segments.insert(
+            ptr,
+            Segment {
+                size,
+                head: id,
+                oversize,
+            },
+        );
+        tracing::debug!(size, ptr, "device segment allocated");
+        Ok(Some(id))
+    }
+
+    fn should_split(&self, b: &Block<B::Stream>, size: u64) -> bool {
+        let remaining = b.size - size;
+        if b.small {
+            remaining >= MIN_BLOCK_SIZE
+        } else {
+            size < self.config.max_split_size && remaining > SMALL_SIZE
+        }
+    }
+
+    /// Hands out `id` for `p` (PyTorch's `alloc_found_block`); returns the address.
+    pub fn alloc_found_block(&mut self, id: BlockId, p: &Params<B::Stream>) -> u64 {
+        let st = StatType::of_pool(p.small);
+        let already_split = self.blocks[id as usize].is_split();
+        if self.should_split(&self.blocks[id as usize], p.size) {
+            let b = &self.blocks[id as usize];
+            let rem = Block {
+                addr: b.addr + p.size,
+                size: b.size - p.size,
+                requested: 0,
+                stream: b.stream,
+                pool: b.pool,
+                small: b.small,
+                prev: id,
+                next: b.next,
+                state: BState::Free,
+                event_count: 0,
+                gc_base: 0,
+                oversize: false,
+                stream_uses: Vec::new(),
+                capture_uses: Vec::new(),
+            };
+            let rem_size = rem.size;
+            let next = rem.next;
+            let rid = self.new_block(rem);
+            if next != NIL {
+                self.blocks[next as usize].prev = rid;
+            }
+            let b = &mut self.blocks[id as usize];
+            b.next = rid;
+            b.size = p.size;
+            self.insert_free(rid);
+            if already_split {
+                self.stats.inactive_split_bytes.update(st, -(p.size as i64));
+            } else {
+                self.stats.inactive_split_bytes.update(st, rem_size as i64);
+                self.stats.inactive_split.update(st, 1);
+            }
+        } else if already_split {
+            let size = self.blocks[id as usize].size as i64;
+            self.stats.inactive_split_bytes.update(st, -size);
+            self.stats.inactive_split.update(st, -1);
+        }
+        let oversize = self.blocks[id as usize].size >= self.config.max_split_size;
+        let b = &mut self.blocks[id as usize];
+        b.state = BState::Allocated;
+        b.requested = p.requested;
+        b.oversize = oversize;
+        let (addr, size) = (b.addr, b.size);
+        self.live.insert(addr, id);
+        let s = &mut self.stats;
+        s.allocation.update(st, 1);
+        s.allocated_bytes.update(st, size as i64);
+        s.active.update(st, 1);
+        s.active_bytes.update(st, size as i64);
+        s.requested_bytes.update(st, p.requested as i64);
+        if oversize {
+            s.oversize_allocations.increase(1);
+        }
+        addr
+    }
+
+    /// Returns a block to its pool, merging with free neighbours (PyTorch's `free_block`).
+    pub fn free_block(&mut self, mut id: BlockId) -> BlockId {
+        let b = &self.blocks[id as usize];
+        let st = b.stat_type();
+        let orig_size = b.size as i64;
+        let requested = b.requested as i64;
+        let mut net_split: i64 = 0;
+        let mut net_split_bytes: i64 = 0;
+        // merge with the previous block: the previous block absorbs this one
+        let prev = b.prev;
+        let stream = b.stream;
+        // Neighbours merge only when free and of the same stream (blocks of one
+        // segment differ in stream only after cross-stream capture reuse).
+        if prev != NIL
+            && self.blocks[prev as usize].state == BState::Free
+            && self.blocks[prev as usize].stream == stream
+        {
+            self.remove_free(prev);
+            let (size, next) = {
+                let b = &self.blocks[id as usize];
+                (b.size, b.next)
+            };
+            net_split -= 1;
+            net_split_bytes -= self.blocks[prev as usize].size as i64;
+            let p = &mut self.blocks[prev as usize];
+            p.size += size;
+            p.next = next;
+            if next != NIL {
+                self.blocks[next as usize].prev = prev;
+            }
+            self.drop_block(id);
+            id = prev;
+        }
+        let next = self.blocks[id as usize].next;
+        if next != NIL
+            && self.blocks[next as usize].state == BState::Free
+            && self.blocks[next as usize].stream == stream
+        {
+            self.remove_free(next);
+            let (nsize, nnext) = {
+                let n = &self.blocks[next as usize];
+                (n.size, n.next)
+            };
+            net_split -= 1;
+            net_split_bytes -= nsize as i64;
+            let b = &mut self.blocks[id as usize];
+            b.size += nsize;
+            b.next = nnext;
+            if nnext != NIL {
+                self.blocks[nnext as usize].prev = id;
+            }
+            self.drop_block(next);
+        }
+        {
+            let b = &mut self.blocks[id as usize];
+            b.requested = 0;
+            b.event_count = 0;
+        }
+        self.insert_free(id);
+        if self.blocks[id as usize].is_split() {
+            net_split += 1;
+            net_split_bytes += self.blocks[id as usize].size as i64;
+        }
+        let s = &mut self.stats;
+        s.inactive_split.update(st, net_split);
+        s.inactive_split_bytes.update(st, net_split_bytes);
+        s.active.update(st, -1);
+        s.active_bytes.update(st, -orig_size);
+        s.requested_bytes.update(st, -requested);
+        id
+    }
+
+    /// Returns a whole free segment to the device (PyTorch's `release_block`).
+    pub fn release_block(&mut self, backend: &B, id: BlockId) -> Result<(), Error> {
+        let b = &self.blocks[id as usize];
+        debug_assert!(!b.is_split() && b.state == BState::Free);
+        let (addr, size, small, pool) = (b.addr, b.size, b.small, b.pool);
+        backend.free(B::Ptr::from_addr(addr), size)?;
+        self.remove_free(id);
+        let seg = self.segments.remove(&addr);
+        let st = StatType::of_pool(small);
+        self.stats.segment.update(st, -1);
+        self.stats.reserved_bytes.update(st, -(size as i64));
+        if seg.is_some_and(|s| s.oversize) {
+            self.stats.oversize_segments.decrease(1);
+        }
+        self.stats.num_device_free += 1;
+        self.pool_mut(pool).segments -= 1;
+        self.drop_block(id);
+        tracing::debug!(size, addr, "device segment released");
+        Ok(())
+    }
+
+    /// Releases every unsplit free block of one block pool.
+    fn release_blocks(&mut self, backend: &B, pool: PoolIdx, small: bool) -> Result<(), Error> {
+        let ids: Vec<BlockId> = match self.pools[pool as usize].as_ref() {
+            Some(p) => p.get_ref(small).free.values().copied().collect(),
+            None => return Ok(()),
+        };
+        for id in ids {
+            if !self.blocks[id as usize].is_split() {
+                self.release_block(backend, id)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// PyTorch's `release_available_cached_blocks` (only with `max_split_size` set).
+    pub fn release_available_cached_blocks(
+        &mut self,
+        backend: &B,
+        p: &Params<B::Stream>,
+    ) -> Result<bool, Error> {
+        let max_split = self.config.max_split_size;
+        if max_split == u64::MAX {
+            return Ok(false);
+        }
+        let target = p.size.max(max_split);
+        let pool = self.pools[p.pool as usize].as_ref().expect("live pool").get_ref(p.small);
+        // a single block of this stream large enough?
+        if let Some((&(s, _, _), &id)) = pool.free.range((p.stream, target, 0)..).next() {
+            if s == p.stream && !self.blocks[id as usize].is_split() {
+                self.release_block(backend, id)?;
+                return Ok(true);
+            }
+        }
+        // otherwise release oversize blocks of this stream, largest first
+        let candidates: Vec<BlockId> = pool
+            .free
+            .range((p.stream, max_split, 0)..(p.stream, target, 0))
+            .rev()
+            .map(|(_, &id)| id)
+            .filter(|&id| !self.blocks[id as usize].is_split())
+            .collect();
+        let total: u64 = candidates.iter().map(|&id| self.blocks[id as usize].size).sum();
+        if total < target {
+            return Ok(false);
+        }
+        let mut released = 0;
+        for id in candidates {
+            if released >= target {
+                break;
+            }
+            released += self.blocks[id as usize].size;
+            self.release_block(backend, id)?;
+        }
+        Ok(true)
+    }
+
+    /// PyTorch's `release_cached_blocks` for the default id: sync all events
+    /// (outside capture), release unsplit free blocks of the default pools and
+    /// of freeable private pools.
+    pub fn release_cached_blocks(&mut self, backend: &B) -> Result<(), Error> {
+        if self.captures.is_empty() {
+            self.synchronize_and_free_events(backend, None)?;
+            self.release_blocks(backend, 0, false)?;
+            self.release_blocks(backend, 0, true)?;
+        }
+        self.release_freeable_private_pools(backend)
+    }
+
+    pub fn release_freeable_private_pools(&mut self, backend: &B) -> Result<(), Error> {
+        for idx in 1..self.pools.len() as PoolIdx {
+            let freeable = matches!(&self.pools[idx as usize], Some(p) if p.use_count == 0);
+            if !freeable {
+                continue;
+            }
+            self.release_blocks(backend, idx, false)?;
+            self.release_blocks(backend, idx, true)?;
+            let p = self.pools[idx as usize].as_ref().expect("checked");
+            if p.segments == 0 {
+                let id = p.id;
+                self.pools[idx as usize] = None;
+                self.pool_index.remove(&id);
+            }
+        }
+        Ok(())
+    }
+
+    /// PyTorch's `garbage_collect_cached_blocks` (only with a fraction and a threshold).
+    pub fn garbage_collect(&mut self, backend: &B) -> Result<(), Error> {
+        let Some(max) = self.allowed_max else {
+            return Ok(());
+        };
+        let threshold = (self.config.garbage_collection_threshold * max as f64) as u64;
+        let total = self.stats.reserved_bytes.all().current as u64;
+        if total <= threshold {
+            return Ok(());
+        }
+        let target = total - threshold;
+        let pool = &self.pools[0].as_ref().expect("default pool").large;
+        let calls = pool.gc_calls;
+        let mut cands: Vec<(BlockId, u64)> = pool
+            .free
+            .values()
+            .filter(|&&id| !self.blocks[id as usize].is_split())
+            .map(|&id| (id, calls - self.blocks[id as usize].gc_base))
+            .collect();
+        let mut total_age: u64 = cands.iter().map(|c| c.1).sum();
+        let mut reclaimed = 0u64;
+        let mut freed_any = true;
+        while reclaimed < target && freed_any && !cands.is_empty() {
+            let age_threshold = total_age / cands.len() as u64;
+            freed_any = false;
+            let mut keep = Vec::with_capacity(cands.len());
+            for (id, age) in cands {
+                if age >= age_threshold {
+                    freed_any = true;
+                    reclaimed += self.blocks[id as usize].size;
+                    total_age -= age;
+                    self.release_block(backend, id)?;
+                } else {
+                    keep.push((id, age));
+                }
+            }
+            cands = keep;
+        }
+        Ok(())
+    }
+
+    // ----- events -----
+
+    fn get_event(&mut self, backend: &B) -> Result<B::Event, BackendError> {
+        match self.event_pool.pop() {
+            Some(e) => Ok(e),
+            None => backend.create_event(),
+        }
+    }
+
+    /// Records an end-of-life event on every stream the block was used on.
+    pub fn insert_events(&mut self, backend: &B, id: BlockId) -> Result<(), Error> {
+        let uses = std::mem::take(&mut self.blocks[id as usize].stream_uses);
+        for (i, &s) in uses.iter().enumerate() {
+            let recorded = match self.get_event(backend) {
+                Ok(e) => match backend.record_event(&e, s) {
+                    Ok(()) => Ok(e),
+                    Err(err) => {
+                        self.event_pool.push(e);
+                        Err(err)
+                    }
+                },
+                Err(err) => Err(err),
+            };
+            let ev = match recorded {
+                Ok(e) => e,
+                Err(err) => {
+                    // Keep the block safe: remaining streams go back to its uses
+                    // and it is parked as deferred until a device-wide sync.
+                    let b = &mut self.blocks[id as usize];
+                    b.stream_uses.extend_from_slice(&uses[i..]);
+                    if b.event_count == 0 {
+                        self.deferred.push(Deferred {
+                            block: id,
+                            markers: Vec::new(),
+                        });
+                    }
+                    return Err(err.into());
+                }
+            };
+            self.blocks[id as usize].event_count += 1;
+            self.outstanding_events += 1;
+            match self.event_queues.iter_mut().find(|(qs, _)| *qs == s) {
+                Some((_, q)) => q.push_back((ev, id)),
+                None => {
+                    let mut q = VecDeque::new();
+                    q.push_back((ev, id));
+                    self.event_queues.push((s, q));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn event_done(&mut self, id: BlockId) {
+        self.outstanding_events -= 1;
+        let b = &mut self.blocks[id as usize];
+        b.event_count -= 1;
+        if b.event_count == 0 && b.stream_uses.is_empty() {
+            self.free_block(id);
+        }
+    }
+
+    /// Flushes blocks deferred during a capture once no capture is underway
+    /// (PyTorch 1.1 item 3): streams recorded during capture are dropped.
+    pub fn flush_deferred(&mut self, backend: &B) -> Result<(), Error> {
+        if self.deferred.is_empty() || !self.captures.is_empty() {
+            return Ok(());
+        }
+        let deferred = std::mem::take(&mut self.deferred);
+        let mut result = Ok(());
+        for d in deferred {
+            let b = &mut self.blocks[d.block as usize];
+            b.capture_uses.clear();
+            if b.state != BState::Pending {
+                continue;
+            }
+            if b.stream_uses.is_empty() {
+                if b.event_count == 0 {
+                    self.free_block(d.block);
+                }
+            } else if let Err(e) = self.insert_events(backend, d.block) {
+                result = Err(e);
+            }
+        }
+        result
+    }
+
+    /// PyTorch's `process_events`: frees blocks whose events have completed.
+    #[inline]
+    pub fn process_events(&mut self, backend: &B) -> Result<(), Error> {
+        if !self.deferred.is_empty() {
+            self.flush_deferred(backend)?;
+        }
+        if self.outstanding_events == 0 {
+            return Ok(());
+        }
+        for qi in 0..self.event_queues.len() {
+            loop {
+                let Some((ev, _)) = self.event_queues[qi].1.front() else {
+                    break;
+                };
+                if !backend.query_event(ev)? {
+                    break;
+                }
+                let (ev, id) = self.event_queues[qi].1.pop_front().expect("front exists");
+                self.event_pool.push(ev);
+                self.event_done(id);
+            }
+        }
+        Ok(())
+    }
+
+    /// Synchronizes outstanding events (all, or those of blocks of one pool)
+    /// and frees their blocks. Counts one `num_sync_all_streams`.
+    pub fn synchronize_and_free_events(
+        &mut self,
+        backend: &B,
+        pool: Option<PoolIdx>,
+    ) -> Result<(), Error> {
+        self.stats.num_sync_all_streams += 1;
+        self.flush_deferred(backend)?;
+        // Blocks parked after an event-record failure have no events: a device
+        // sync certifies their uses are over.
+        if self.captures.is_empty() {
+            let stranded: Vec<BlockId> = self
+                .deferred
+                .iter()
+                .filter(|d| self.blocks[d.block as usize].state == BState::Pending)
+                .map(|d| d.block)
+                .collect();
+            if !stranded.is_empty() {
+                backend.synchronize_device()?;
+                self.deferred.clear();
+                for id in stranded {
+                    let b = &mut self.blocks[id as usize];
+                    b.stream_uses.clear();
+                    if b.event_count == 0 {
+                        self.free_block(id);
+                    }
+                }
+            }
+        }
+        for qi in 0..self.event_queues.len() {
+            let mut keep = VecDeque::new();
+            while let Some((ev, id)) = self.event_queues[qi].1.pop_front() {
+                if pool.is_some_and(|p| self.blocks[id as usize].pool != p) {
+                    keep.push_back((ev, id));
+                    continue;
+                }
+                if let Err(e) = backend.synchronize_event(&ev) {
+                    self.event_queues[qi].1.push_front((ev, id));
+                    while let Some(k) = keep.pop_back() {
+                        self.event_queues[qi].1.push_front(k);
+                    }
+                    return Err(e.into());
+                }
+                self.event_pool.push(ev);
+                self.event_done(id);
+            }
+            self.event_queues[qi].1 = keep;
+        }
+        Ok(())
+    }
+
+    /// Destroys pooled events (empty_cache and drop).
+    pub fn destroy_pooled_events(&mut self, backend: &B) -> Result<(), Error> {
+        while let Some(e) = self.event_pool.pop() {
+            backend.destroy_event(e)?;
+        }
+        Ok(())
+    }
+
+    // ----- public operations (called under the lock) -----
+
+    /// The whole malloc sequence of spec 2.8. `Ok(AllocOutcome::Oom)` when
+    /// nothing worked (the caller reports it after dropping the lock).
+    pub fn malloc(&mut self, backend: &B, size: u64, stream: B::Stream) -> Result<AllocOutcome, Error> {
+        debug_assert!(size > 0 && size < MAX_REQUEST);
+        if self.captures.is_empty() {
+            self.process_events(backend)?;
+        } else if self.config.graph_capture_record_stream_reuse != CaptureReuse::Off {
+            self.reclaim_in_capture(backend, stream)?;
+        }
+        let pool = if self.captures.is_empty() {
+            0
+        } else {
+            self.choose_pool(backend, stream)?
+        };
+        let p = self.params(size, stream, pool);
+        if let Some(id) = self.get_free_block(&p) {
+            return Ok(AllocOutcome::Ok(self.alloc_found_block(id, &p)));
+        }
+        if !self.captures.is_empty() {
+            if let Some(id) = self.cross_stream_reuse(backend, &p)? {
+                return Ok(AllocOutcome::Ok(self.alloc_found_block(id, &p)));
+            }
+        }
+        self.malloc_slow(backend, &p)
+    }
+
+    #[cold]
+    fn malloc_slow(&mut self, backend: &B, p: &Params<B::Stream>) -> Result<AllocOutcome, Error> {
+        if self.allowed_max.is_some() && self.config.garbage_collection_threshold > 0.0 {
+            self.garbage_collect(backend)?;
+        }
+        let mut found = self.alloc_block(backend, p)?;
+        if found.is_none() && self.release_available_cached_blocks(backend, p)? {
+            found = self.alloc_block(backend, p)?;
+        }
+        if found.is_none() && self.captures.is_empty() {
+            // Last attempt: synchronize every event, then (fixing PyTorch
+            // #189504) search the free blocks again before releasing the cache.
+            self.stats.num_alloc_retries += 1;
+            self.synchronize_and_free_events(backend, None)?;
+            found = self.get_free_block(p);
+            if found.is_none() {
+                self.release_blocks(backend, 0, false)?;
+                self.release_blocks(backend, 0, true)?;
+                self.release_freeable_private_pools(backend)?;
+                found = self.alloc_block(backend, p)?;
+            }
+        }
+        match found {
+            Some(id) => Ok(AllocOutcome::Ok(self.alloc_found_block(id, p))),
+            None => {
+                self.stats.num_ooms += 1;
+                let report = self.oom_report(backend, p);
+                let never = p.alloc_size > self.allowed_max.unwrap_or(self.total_memory);
+                Ok(AllocOutcome::Oom(Box::new(report), never))
+            }
+        }
+    }
+
+    pub fn oom_report(&self, backend: &B, p: &Params<B::Stream>) -> OomReport {
+        let info = backend.memory_info().unwrap_or_default();
+        let mut private_cached = 0u64;
+        let mut per_stream: BTreeMap<String, u64> = BTreeMap::new();
+        let mut largest = [0u64; 2];
+        let mut releasable = 0u64;
+        for (i, pp) in self.pools.iter().enumerate() {
+            let Some(pp) = pp else { continue };
+            for (small, pool) in [(true, &pp.small), (false, &pp.large)] {
+                for (&(s, size, _), &id) in &pool.free {
+                    *per_stream.entry(format!("{s:?}")).or_default() += size;
+                    if i == 0 {
+                        let l = &mut largest[usize::from(!small)];
+                        *l = (*l).max(size);
+                        if !self.blocks[id as usize].is_split() {
+                            releasable += size;
+                        }
+                    } else {
+                        private_cached += size;
+                    }
+                }
+            }
+        }
+        let reserved = self.stats.reserved_bytes.all().current as u64;
+        let allocated = self.stats.allocated_bytes.all().current as u64 + private_cached;
+        let limit = self.allowed_max.map_or(info.free + releasable, |m| {
+            m.saturating_sub(reserved) + releasable
+        });
+        OomReport {
+            backend: backend.name(),
+            device: backend.device(),
+            requested: p.requested,
+            rounded: p.size,
+            segment_size: p.alloc_size,
+            total: info.total.max(self.total_memory),
+            device_free: info.free,
+            allowed: self.allowed_max,
+            allocated,
+            private_pool_cached: private_cached,
+            reserved,
+            largest_free_small: largest[0],
+            largest_free_large: largest[1],
+            cached_per_stream: per_stream.into_iter().collect(),
+            fits_after_empty_cache: limit >= p.alloc_size,
+        }
+    }
+
+    /// The caller's free of `addr`.
+    pub fn free(&mut self, backend: &B, addr: u64) -> Result<(), Error> {
+        let Some(id) = self.live.remove(&addr) else {
+            return Err(self.classify_bad_pointer(addr, true));
+        };
+        let b = &mut self.blocks[id as usize];
+        debug_assert_eq!(b.state, BState::Allocated);
+        let st = b.stat_type();
+        let size = b.size;
+        let oversize = std::mem::take(&mut b.oversize);
+        let s = &mut self.stats;
+        s.allocation.update(st, -1);
+        s.allocated_bytes.update(st, -(size as i64));
+        if oversize {
+            s.oversize_allocations.decrease(1);
+        }
+        let b = &mut self.blocks[id as usize];
+        if b.stream_uses.is_empty() && b.capture_uses.is_empty() {
+            self.free_block(id);
+            return Ok(());
+        }
+        b.state = BState::Pending;
+        if !self.captures.is_empty() {
+            let markers = if self.config.graph_capture_record_stream_reuse != CaptureReuse::Off {
+                self.free_markers(backend, id)?
+            } else {
+                Vec::new()
+            };
+            self.deferred.push(Deferred { block: id, markers });
+            Ok(())
+        } else {
+            self.blocks[id as usize].capture_uses.clear();
+            if self.blocks[id as usize].stream_uses.is_empty() {
+                self.free_block(id);
+                Ok(())
+            } else {
+                self.insert_events(backend, id)
+            }
+        }
+    }
+
+    /// Unknown pointer vs double free (the pointer lies in one of our segments).
+    pub fn classify_bad_pointer(&self, addr: u64, is_free: bool) -> Error {
+        let inside = self
+            .segments
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(&start, seg)| addr < start + seg.size);
+        match (inside, is_free) {
+            (false, _) => Error::UnknownPointer(addr),
+            (true, true) => Error::DoubleFree(addr),
+            (true, false) => Error::NotLive(addr),
+        }
+    }
+
+    pub fn record_stream(&mut self, addr: u64, stream: B::Stream) -> Result<(), Error> {
+        let Some(&id) = self.live.get(&addr) else {
+            return Err(self.classify_bad_pointer(addr, false));
+        };
+        let capturing = !self.captures.is_empty();
+        let b = &mut self.blocks[id as usize];
+        if stream == b.stream {
+            return Ok(());
+        }
+        if capturing {
+            if !b.capture_uses.contains(&stream) {
+                b.capture_uses.push(stream);
+            }
+        } else if !b.stream_uses.contains(&stream) {
+            b.stream_uses.push(stream);
+        }
+        Ok(())
+    }
+
+    pub fn empty_cache(&mut self, backend: &B) -> Result<(), Error> {
+        self.release_cached_blocks(backend)?;
+        if self.captures.is_empty() {
+            self.destroy_pooled_events(backend)?;
+        }
+        Ok(())
+    }
+
+    pub fn set_config(&mut self, s: &str) -> Result<(), Error> {
+        self.config.apply(s)?;
+        self.memory_fraction = self.config.per_process_memory_fraction;
+        self.update_allowed();
+        Ok(())
+    }
+
+    pub fn set_memory_fraction(&mut self, f: f64) -> Result<(), Error> {
+        if !(0.0..=1.0).contains(&f) || f.is_nan() {
+            return Err(Error::InvalidArgument(format!(
+                "memory fraction {f} is outside [0, 1]"
+            )));
+        }
+        self.memory_fraction = f;
+        self.update_allowed();
+        Ok(())
+    }
+
+    // ----- capture state machine -----
+
+    pub fn begin_allocate_to_pool(
+        &mut self,
+        id: PoolId,
+        filter: PoolFilter<B::Stream>,
+    ) -> Result<(), Error> {
+        if id == (0, 0) {
+            return Err(CaptureError::ReservedPool(id).into());
+        }
+        if self.captures.iter().any(|c| c.pool == id) {
+            return Err(CaptureError::AlreadyRecording(id).into());
+        }
+        match self.pool_index.get(&id) {
+            Some(&idx) => {
+                let p = self.pool_mut(idx);
+                if p.use_count == 0 {
+                    return Err(CaptureError::UnknownPool(id).into());
+                }
+                p.use_count += 1;
+            }
+            None => {
+                let idx = match self.pools.iter().position(Option::is_none) {
+                    Some(i) => i,
+                    None => {
+                        self.pools.push(None);
+                        self.pools.len() - 1
+                    }
+                };
+                self.pools[idx] = Some(PoolPair {
+                    id,
+                    small: BlockPool::default(),
+                    large: BlockPool::default(),
+                    use_count: 1,
+                    segments: 0,
+                });
+                self.pool_index.insert(id, idx as PoolIdx);
+            }
+        }
+        self.captures.push(CaptureEntry { pool: id, filter });
+        Ok(())
+    }
+
+    pub fn end_allocate_to_pool(&mut self, backend: &B, id: PoolId) -> Result<(), Error> {
+        let Some(pos) = self.captures.iter().position(|c| c.pool == id) else {
+            return Err(CaptureError::NotRecording(id).into());
+        };
+        self.captures.remove(pos);
+        self.reuse_contexts.retain(|_, c| c.pool != id);
+        let idx = self.pool_index[&id];
+        // PyTorch #175817: the capture has ended, so every captured use of the
+        // ending pool's deferred blocks is in the graph, before any later
+        // capture into the pool: free them now (2.11 kept them until the
+        // next malloc outside capture, which `pytorch` mode reproduces).
+        if self.config.graph_capture_record_stream_reuse != CaptureReuse::PyTorch {
+            let mut i = 0;
+            while i < self.deferred.len() {
+                let bid = self.deferred[i].block;
+                let b = &mut self.blocks[bid as usize];
+                if b.pool == idx && b.stream_uses.is_empty() && b.event_count == 0 {
+                    b.capture_uses.clear();
+                    self.deferred.swap_remove(i);
+                    self.free_block(bid);
+                } else {
+                    i += 1;
+                }
+            }
+        }
+        if self.captures.is_empty() {
+            self.flush_deferred(backend)?;
+        }
+        Ok(())
+    }
+
+    pub fn release_pool(&mut self, backend: &B, id: PoolId) -> Result<(), Error> {
+        let Some(&idx) = self.pool_index.get(&id) else {
+            return Err(CaptureError::UnknownPool(id).into());
+        };
+        if idx == 0 {
+            return Err(CaptureError::ReservedPool(id).into());
+        }
+        let p = self.pool_mut(idx);
+        if p.use_count == 0 {
+            return Err(CaptureError::UnknownPool(id).into());
+        }
+        p.use_count -= 1;
+        if p.use_count == 0 && !self.captures.iter().any(|c| c.pool == id) {
+            self.release_freeable_private_pools(backend)?;
+        }
+        Ok(())
+    }
+}
+
+impl<B: Backend> Inner<B> {
+    /// Returns every segment and event to the backend (allocator dropped).
+    pub fn release_all_on_drop(&mut self, backend: &B) -> Result<(), Error> {
+        let mut first_err: Option<Error> = None;
+        let mut keep = |r: Result<(), Error>| {
+            if let Err(e) = r {
+                first_err.get_or_insert(e);
+            }
+        };
+        if !self.segments.is_empty() || self.outstanding_events > 0 {
+            keep(backend.synchronize_device().map_err(Error::from));
+        }
+        for (_, q) in std::mem::take(&mut self.event_queues) {
+            for (ev, _) in q {
+                keep(backend.destroy_event(ev).map_err(Error::from));
+            }
+        }
+        self.outstanding_events = 0;
+        keep(self.destroy_pooled_events(backend));
+        for (addr, seg) in std::mem::take(&mut self.segments) {
+            keep(backend.free(B::Ptr::from_addr(addr), seg.size).map_err(Error::from));
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+}
