@@ -1,1 +1,552 @@
-fn main() {}
+//! Build automation for cachalot (`cargo xtask <command>`).
+//!
+//! * `test-cuda`: with a usable GPU, runs the CUDA test packages and prints a
+//!   pass/fail summary; without one, builds the release test and bench
+//!   binaries and packs them into `dist/cuda/` with a `run.sh` that runs them
+//!   on a GPU machine (no Rust needed there).
+//! * `bench-cuda`: packs the release bench and CLI binaries, PyTorch's C++
+//!   anchors and the traces into `dist/cuda/` with a `bench.sh`.
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+
+use serde_json::Value;
+
+/// Packages whose tests need a GPU, with the feature (if any) that turns
+/// their CUDA tests on. A package absent from the workspace, or lacking the
+/// feature, is skipped, so later packages can be listed before they exist.
+const CUDA_TEST_PACKAGES: &[(&str, Option<&str>)] = &[
+    ("cachalot-cuda", None),
+    ("cachalot-conformance", Some("cuda")),
+];
+
+/// Packages whose bench targets are packed (same rules as above).
+const CUDA_BENCH_PACKAGES: &[(&str, Option<&str>)] = &[
+    ("cachalot-cuda", None),
+    ("cachalot", Some("cuda")),
+    ("cachalot-conformance", Some("cuda")),
+];
+
+/// CLI binaries packed by `bench-cuda`: (package, binary, feature).
+const CLI_BINARIES: &[(&str, &str, Option<&str>)] = &[("cachalot-cli", "cachalot", Some("cuda"))];
+
+/// The C++ anchor sources copied from `../shared/anchor` at pack time.
+const ANCHOR_SOURCES: &[&str] = &["cca_replay.cpp", "cca_threads.cpp"];
+
+const RUN_SH: &str = include_str!("run.sh");
+const BENCH_SH: &str = include_str!("bench.sh");
+
+const USAGE: &str = "\
+usage: cargo xtask <command> [options]
+
+commands:
+  test-cuda    run the CUDA tests when a GPU is present; otherwise build the
+               release test and bench binaries into dist/cuda/ with run.sh
+  bench-cuda   pack release bench/CLI binaries, the C++ anchors and traces
+               into dist/cuda/ with bench.sh
+
+options:
+  --pack       (test-cuda) pack even when a GPU is present
+  --no-strip   keep debug info in packed binaries
+";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(cmd) = args.first() else {
+        eprint!("{USAGE}");
+        return ExitCode::from(2);
+    };
+    let opts = Options {
+        pack: args.iter().any(|a| a == "--pack"),
+        strip: !args.iter().any(|a| a == "--no-strip"),
+    };
+    if let Some(bad) = args[1..]
+        .iter()
+        .find(|a| !matches!(a.as_str(), "--pack" | "--no-strip"))
+    {
+        eprintln!("xtask: unknown option {bad}\n{USAGE}");
+        return ExitCode::from(2);
+    }
+    let result = match cmd.as_str() {
+        "test-cuda" => test_cuda(&opts),
+        "bench-cuda" => bench_cuda(&opts),
+        "help" | "--help" | "-h" => {
+            print!("{USAGE}");
+            Ok(true)
+        }
+        other => Err(format!("unknown command {other}\n{USAGE}")),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+struct Options {
+    pack: bool,
+    strip: bool,
+}
+
+type Res<T> = Result<T, String>;
+
+fn root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().unwrap_or(manifest).to_path_buf()
+}
+
+fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(root());
+    c
+}
+
+/// One workspace package as `cargo metadata` describes it.
+struct Package {
+    name: String,
+    manifest: String,
+    features: Vec<String>,
+    /// (kind, name) of every target.
+    targets: Vec<(String, String)>,
+}
+
+impl Package {
+    fn has_kind(&self, kind: &str) -> bool {
+        self.targets.iter().any(|(k, _)| k == kind)
+    }
+}
+
+fn metadata() -> Res<Vec<Package>> {
+    let out = cargo()
+        .args(["metadata", "--no-deps", "--format-version", "1"])
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("running cargo metadata: {e}"))?;
+    if !out.status.success() {
+        return Err("cargo metadata failed".into());
+    }
+    let v: Value =
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("cargo metadata output: {e}"))?;
+    let pkgs = v["packages"].as_array().cloned().unwrap_or_default();
+    Ok(pkgs
+        .iter()
+        .map(|p| Package {
+            name: p["name"].as_str().unwrap_or_default().to_string(),
+            manifest: p["manifest_path"].as_str().unwrap_or_default().to_string(),
+            features: p["features"]
+                .as_object()
+                .map(|f| f.keys().cloned().collect())
+                .unwrap_or_default(),
+            targets: p["targets"]
+                .as_array()
+                .map(|ts| {
+                    ts.iter()
+                        .flat_map(|t| {
+                            let name = t["name"].as_str().unwrap_or_default().to_string();
+                            t["kind"]
+                                .as_array()
+                                .cloned()
+                                .unwrap_or_default()
+                                .into_iter()
+                                .map(move |k| {
+                                    (k.as_str().unwrap_or_default().to_string(), name.clone())
+                                })
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+        })
+        .collect())
+}
+
+/// The (package, feature) pairs of `wanted` present in the workspace.
+fn select<'a>(
+    pkgs: &'a [Package],
+    wanted: &[(&str, Option<&str>)],
+) -> Vec<(&'a Package, Option<String>)> {
+    let mut out = Vec::new();
+    for (name, feature) in wanted {
+        let Some(p) = pkgs.iter().find(|p| p.name == *name) else {
+            println!("xtask: package {name} not in the workspace, skipped");
+            continue;
+        };
+        match feature {
+            Some(f) if !p.features.iter().any(|x| x == f) => {
+                println!("xtask: package {name} has no feature `{f}`, skipped");
+            }
+            Some(f) => out.push((p, Some((*f).to_string()))),
+            None => out.push((p, None)),
+        }
+    }
+    out
+}
+
+fn feature_args(cmd: &mut Command, pkg: &Package, feature: &Option<String>) {
+    cmd.args(["-p", &pkg.name]);
+    if let Some(f) = feature {
+        cmd.args(["--features", f]);
+    }
+}
+
+/// Whether the CUDA probe finds a usable device (libcuda loads, count > 0).
+fn gpu_present() -> bool {
+    let status = cargo()
+        .args([
+            "run",
+            "-q",
+            "--release",
+            "-p",
+            "cachalot-cuda",
+            "--example",
+            "cuda_probe",
+        ])
+        .status();
+    matches!(status, Ok(s) if s.success())
+}
+
+#[derive(Default, Clone, Copy)]
+struct Counts {
+    passed: u64,
+    failed: u64,
+    ignored: u64,
+}
+
+/// Adds the numbers of a libtest `test result:` line to `c`.
+fn parse_result_line(line: &str, c: &mut Counts) -> bool {
+    let Some(rest) = line.trim().strip_prefix("test result:") else {
+        return false;
+    };
+    for part in rest.split([';', '.']) {
+        let mut words = part.split_whitespace();
+        if let (Some(n), Some(what)) = (words.next(), words.next())
+            && let Ok(n) = n.parse::<u64>()
+        {
+            match what {
+                "passed" => c.passed += n,
+                "failed" => c.failed += n,
+                "ignored" => c.ignored += n,
+                _ => {}
+            }
+        }
+    }
+    true
+}
+
+fn test_cuda(opts: &Options) -> Res<bool> {
+    let pkgs = metadata()?;
+    let selected = select(&pkgs, CUDA_TEST_PACKAGES);
+    if !opts.pack && gpu_present() {
+        return run_tests_here(&selected);
+    }
+    if !opts.pack {
+        println!("xtask: no usable GPU here: packing test binaries for a GPU machine");
+    }
+    let dist = root().join("dist").join("cuda");
+    let tests_dir = dist.join("tests");
+    reset_dir(&tests_dir)?;
+    let mut n = 0;
+    for (pkg, feature) in &selected {
+        let mut cmd = cargo();
+        cmd.args(["test", "--release", "--no-run", "--message-format=json"]);
+        feature_args(&mut cmd, pkg, feature);
+        for (name, exe) in built_executables(cmd, &pkgs, true)? {
+            copy_binary(&exe, &tests_dir.join(&name), opts.strip)?;
+            n += 1;
+        }
+    }
+    let nb = pack_benches(&pkgs, &dist, opts)?;
+    let traces = pack_traces(&dist)?;
+    write_script(&dist.join("run.sh"), RUN_SH)?;
+    println!(
+        "xtask: packed {n} test binaries, {nb} bench binaries{} into {}",
+        if traces { " and traces/" } else { "" },
+        dist.display()
+    );
+    println!("xtask: on the GPU machine run: dist/cuda/run.sh");
+    Ok(true)
+}
+
+fn run_tests_here(selected: &[(&Package, Option<String>)]) -> Res<bool> {
+    let mut rows: Vec<(String, Counts, bool)> = Vec::new();
+    for (pkg, feature) in selected {
+        let mut cmd = cargo();
+        cmd.args(["test", "--release"]);
+        feature_args(&mut cmd, pkg, feature);
+        cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("running cargo test: {e}"))?;
+        let mut counts = Counts::default();
+        if let Some(out) = child.stdout.take() {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                println!("{line}");
+                parse_result_line(&line, &mut counts);
+            }
+        }
+        let ok = child.wait().map(|s| s.success()).unwrap_or(false);
+        if !ok && counts.failed == 0 {
+            counts.failed = 1; // build failure or crash
+        }
+        let label = match feature {
+            Some(f) => format!("{} (+{f})", pkg.name),
+            None => pkg.name.clone(),
+        };
+        rows.push((label, counts, ok));
+    }
+    println!();
+    println!(
+        "{:<40} {:>7} {:>7} {:>8}  status",
+        "package", "passed", "failed", "ignored"
+    );
+    let mut total = Counts::default();
+    for (label, c, ok) in &rows {
+        println!(
+            "{label:<40} {:>7} {:>7} {:>8}  {}",
+            c.passed,
+            c.failed,
+            c.ignored,
+            if *ok { "ok" } else { "FAILED" }
+        );
+        total.passed += c.passed;
+        total.failed += c.failed;
+        total.ignored += c.ignored;
+    }
+    println!("{} passed, {} failed", total.passed, total.failed);
+    Ok(rows.iter().all(|(_, _, ok)| *ok))
+}
+
+/// Runs a cargo build command with `--message-format=json` and returns
+/// (unique file name, executable) for each built executable (test-profile
+/// ones only when `tests_only`).
+fn built_executables(
+    mut cmd: Command,
+    pkgs: &[Package],
+    tests_only: bool,
+) -> Res<Vec<(String, PathBuf)>> {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
+    let mut child = cmd.spawn().map_err(|e| format!("running cargo: {e}"))?;
+    let mut out = Vec::new();
+    if let Some(stdout) = child.stdout.take() {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let Ok(v) = serde_json::from_str::<Value>(&line) else {
+                continue;
+            };
+            if v["reason"] != "compiler-artifact" {
+                continue;
+            }
+            let Some(exe) = v["executable"].as_str() else {
+                continue;
+            };
+            if tests_only && v["profile"]["test"] != true {
+                continue;
+            }
+            let manifest = v["manifest_path"].as_str().unwrap_or_default();
+            let pkg = pkgs
+                .iter()
+                .find(|p| p.manifest == manifest)
+                .map(|p| p.name.as_str())
+                .unwrap_or("unknown");
+            let target = v["target"]["name"].as_str().unwrap_or("unknown");
+            let kinds: Vec<&str> = v["target"]["kind"]
+                .as_array()
+                .map(|k| k.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            let name = if kinds.iter().any(|k| k.contains("lib")) {
+                format!("{pkg}-lib")
+            } else if kinds.contains(&"bin") {
+                format!("{pkg}-bin-{target}")
+            } else {
+                format!("{pkg}-{target}")
+            };
+            if !out.iter().any(|(n, _): &(String, PathBuf)| *n == name) {
+                out.push((name, PathBuf::from(exe)));
+            }
+        }
+    }
+    let status = child
+        .wait()
+        .map_err(|e| format!("waiting for cargo: {e}"))?;
+    if !status.success() {
+        return Err(format!("cargo build failed ({status})"));
+    }
+    Ok(out)
+}
+
+fn pack_benches(pkgs: &[Package], dist: &Path, opts: &Options) -> Res<usize> {
+    let bench_dir = dist.join("bench");
+    reset_dir(&bench_dir)?;
+    let mut n = 0;
+    for (pkg, feature) in select(pkgs, CUDA_BENCH_PACKAGES) {
+        if !pkg.has_kind("bench") {
+            continue;
+        }
+        let mut cmd = cargo();
+        cmd.args(["bench", "--no-run", "--message-format=json"]);
+        feature_args(&mut cmd, pkg, &feature);
+        cmd.arg("--benches");
+        for (name, exe) in built_executables(cmd, pkgs, false)? {
+            if name.ends_with("-lib") {
+                continue;
+            }
+            copy_binary(&exe, &bench_dir.join(&name), opts.strip)?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// Copies `traces/` of the repository, or `../shared/traces` when the
+/// repository's is empty, into `dist/traces`.
+fn pack_traces(dist: &Path) -> Res<bool> {
+    let dst = dist.join("traces");
+    reset_dir(&dst)?;
+    let candidates = [root().join("traces"), root().join("../shared/traces")];
+    for src in candidates {
+        let Ok(entries) = fs::read_dir(&src) else {
+            continue;
+        };
+        let files: Vec<PathBuf> = entries
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| p.is_file())
+            .collect();
+        if files.is_empty() {
+            continue;
+        }
+        for f in files {
+            if let Some(name) = f.file_name() {
+                copy_file(&f, &dst.join(name))?;
+            }
+        }
+        return Ok(true);
+    }
+    Ok(false)
+}
+
+fn bench_cuda(opts: &Options) -> Res<bool> {
+    let pkgs = metadata()?;
+    let dist = root().join("dist").join("cuda");
+    fs::create_dir_all(&dist).map_err(|e| format!("creating {}: {e}", dist.display()))?;
+    let nb = pack_benches(&pkgs, &dist, opts)?;
+
+    let bin_dir = dist.join("bin");
+    reset_dir(&bin_dir)?;
+    let mut clis = 0;
+    for (pkg_name, bin, feature) in CLI_BINARIES {
+        let Some(pkg) = pkgs.iter().find(|p| p.name == *pkg_name) else {
+            println!("xtask: package {pkg_name} not in the workspace, CLI skipped");
+            continue;
+        };
+        if !pkg.targets.iter().any(|(k, n)| k == "bin" && n == bin) {
+            println!("xtask: package {pkg_name} has no binary `{bin}`, skipped");
+            continue;
+        }
+        let feature = feature
+            .filter(|f| pkg.features.iter().any(|x| x == f))
+            .map(str::to_string);
+        let mut cmd = cargo();
+        cmd.args(["build", "--release", "--message-format=json", "--bin", bin]);
+        feature_args(&mut cmd, pkg, &feature);
+        for (_, exe) in built_executables(cmd, &pkgs, false)? {
+            if exe.file_stem().is_some_and(|s| s == *bin) {
+                copy_binary(&exe, &bin_dir.join(bin), opts.strip)?;
+                clis += 1;
+            }
+        }
+    }
+
+    let anchor_dir = dist.join("anchor");
+    reset_dir(&anchor_dir)?;
+    let anchor_src = root().join("..").join("shared").join("anchor");
+    let mut anchors = 0;
+    for f in ANCHOR_SOURCES {
+        let src = anchor_src.join(f);
+        if src.is_file() {
+            copy_file(&src, &anchor_dir.join(f))?;
+            anchors += 1;
+        } else {
+            println!("xtask: {} not found, skipped", src.display());
+        }
+    }
+    let traces = pack_traces(&dist)?;
+    write_script(&dist.join("bench.sh"), BENCH_SH)?;
+    println!(
+        "xtask: packed {nb} bench binaries, {clis} CLI binaries, {anchors} anchor sources{} into {}",
+        if traces { " and traces/" } else { "" },
+        dist.display()
+    );
+    println!("xtask: on the GPU machine run: dist/cuda/bench.sh");
+    Ok(true)
+}
+
+fn reset_dir(dir: &Path) -> Res<()> {
+    if dir.exists() {
+        fs::remove_dir_all(dir).map_err(|e| format!("removing {}: {e}", dir.display()))?;
+    }
+    fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))
+}
+
+fn copy_file(src: &Path, dst: &Path) -> Res<()> {
+    fs::copy(src, dst)
+        .map(|_| ())
+        .map_err(|e| format!("copying {} to {}: {e}", src.display(), dst.display()))
+}
+
+/// Copies an executable, dropping its debug info with `strip` when asked and
+/// available (the packed folder must stay small enough to ship).
+fn copy_binary(src: &Path, dst: &Path, strip: bool) -> Res<()> {
+    copy_file(src, dst)?;
+    if strip {
+        // Best effort: without `strip` the binary keeps its debug info.
+        let _ = Command::new("strip")
+            .arg("--strip-debug")
+            .arg(dst)
+            .stderr(Stdio::null())
+            .status();
+    }
+    Ok(())
+}
+
+fn write_script(path: &Path, text: &str) -> Res<()> {
+    fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
+    set_executable(path)
+}
+
+#[cfg(unix)]
+fn set_executable(path: &Path) -> Res<()> {
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o755))
+        .map_err(|e| format!("chmod {}: {e}", path.display()))
+}
+
+#[cfg(not(unix))]
+fn set_executable(_path: &Path) -> Res<()> {
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_libtest_summary() {
+        let mut c = Counts::default();
+        assert!(parse_result_line(
+            "test result: ok. 8 passed; 2 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.00s",
+            &mut c
+        ));
+        assert!(!parse_result_line("running 8 tests", &mut c));
+        assert_eq!((c.passed, c.failed, c.ignored), (8, 2, 1));
+    }
+
+    #[test]
+    fn scripts_are_bash() {
+        assert!(RUN_SH.starts_with("#!/usr/bin/env bash"));
+        assert!(BENCH_SH.starts_with("#!/usr/bin/env bash"));
+    }
+}

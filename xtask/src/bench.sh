@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Side-by-side benchmark on a GPU machine (packed by `cargo xtask bench-cuda`):
+# builds PyTorch's C++ anchors (needs PyTorch, g++ and CUDA here), then
+# replays every trace through cachalot and through PyTorch's
+# CUDACachingAllocator, printing JSON lines and a short table.
+#
+# Environment:
+#   PASSES=5                 passes per trace (first = cold)
+#   CACHALOT_REPLAY=...      our replay command (trace paths are appended);
+#                            default: bin/cachalot replay --backend cuda --passes $PASSES
+#   CACHALOT_THREADS=...     our multi-thread command;
+#                            default: bin/cachalot threads --backend cuda
+#   BENCH_BINARIES=1         also run every binary under bench/ (criterion: --bench)
+#   RESULTS=results          where the JSON lines are written
+# Our commands are expected to print one JSON line per trace with the keys of
+# cca_replay ("trace", "warm_ns_per_op", "peak_reserved", ...) and one per
+# thread count with the keys of cca_threads ("threads", "mops_per_s").
+set -u
+cd "$(dirname "$0")" || exit 2
+PASSES=${PASSES:-5}
+RESULTS=${RESULTS:-results}
+mkdir -p "$RESULTS" build
+: >"$RESULTS/pytorch-replay.jsonl"; : >"$RESULTS/cachalot-replay.jsonl"
+: >"$RESULTS/pytorch-threads.jsonl"; : >"$RESULTS/cachalot-threads.jsonl"
+command -v nvidia-smi >/dev/null && nvidia-smi -L
+
+if [ -f traces/synth_traces.py ] && command -v python3 >/dev/null && [ ! -f traces/hit_1mib.trace ]; then
+  python3 traces/synth_traces.py traces || echo "bench.sh: synth_traces.py failed"
+fi
+shopt -s nullglob
+TRACES=(traces/*.trace)
+echo "bench.sh: ${#TRACES[@]} traces"
+
+tag() { sed -u "s/^{/{\"impl\":\"$1\",/"; }
+
+# --- PyTorch's anchors -------------------------------------------------------
+T=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__))' 2>/dev/null)
+CUDA=${CUDA_HOME:-/usr/local/cuda}
+build_anchor() { # name [extra flags]
+  local n=$1; shift
+  g++ -O2 -std=c++17 "anchor/$n.cpp" -I"$T/include" -I"$CUDA/include" \
+    -L"$T/lib" -Wl,--no-as-needed -ltorch_cuda -ltorch_cpu -ltorch -lc10_cuda -lc10 \
+    -Wl,--as-needed -L"$CUDA/lib64" -lcudart \
+    -Wl,-rpath,"$T/lib" -Wl,-rpath,"$CUDA/lib64" "$@" -o "build/$n"
+}
+if [ -z "$T" ]; then
+  echo "bench.sh: PyTorch not found; PyTorch anchors skipped"
+else
+  for n in cca_replay cca_threads; do
+    if [ -f "anchor/$n.cpp" ]; then
+      extra=(); [ "$n" = cca_threads ] && extra=(-pthread)
+      build_anchor "$n" "${extra[@]}" || echo "bench.sh: building $n failed"
+    fi
+  done
+fi
+
+# --- replay ------------------------------------------------------------------
+OURS_REPLAY=${CACHALOT_REPLAY:-"bin/cachalot replay --backend cuda --passes $PASSES"}
+OURS_THREADS=${CACHALOT_THREADS:-"bin/cachalot threads --backend cuda"}
+if [ ${#TRACES[@]} -gt 0 ]; then
+  if [ -x bin/cachalot ] || [ -n "${CACHALOT_REPLAY:-}" ]; then
+    $OURS_REPLAY "${TRACES[@]}" | grep --line-buffered '^{' | tag cachalot | tee "$RESULTS/cachalot-replay.jsonl"
+  else
+    echo "bench.sh: bin/cachalot missing; our replay skipped"
+  fi
+  if [ -x build/cca_replay ]; then
+    build/cca_replay --passes="$PASSES" "${TRACES[@]}" | grep --line-buffered '^{' | tag pytorch | tee "$RESULTS/pytorch-replay.jsonl"
+  fi
+fi
+
+# --- threads -----------------------------------------------------------------
+if [ -x bin/cachalot ] || [ -n "${CACHALOT_THREADS:-}" ]; then
+  $OURS_THREADS | grep --line-buffered '^{' | tag cachalot | tee "$RESULTS/cachalot-threads.jsonl"
+fi
+if [ -x build/cca_threads ]; then
+  build/cca_threads | grep --line-buffered '^{' | tag pytorch | tee "$RESULTS/pytorch-threads.jsonl"
+fi
+
+# --- bench binaries ----------------------------------------------------------
+if [ "${BENCH_BINARIES:-0}" = 1 ]; then
+  for b in bench/*; do
+    echo "== $b"; "$b" --bench 2>&1 | tail -n 40
+  done
+fi
+
+# --- table -------------------------------------------------------------------
+python3 - "$RESULTS" <<'PY' || echo "bench.sh: python3 unavailable, no table"
+import json, os, sys
+d = sys.argv[1]
+def load(name, key):
+    out = {}
+    try:
+        for line in open(os.path.join(d, name)):
+            try:
+                j = json.loads(line)
+            except ValueError:
+                continue
+            k = j.get(key)
+            if k is not None:
+                out[os.path.basename(str(k))] = j
+    except OSError:
+        pass
+    return out
+ours, torch = load("cachalot-replay.jsonl", "trace"), load("pytorch-replay.jsonl", "trace")
+def mib(v): return "-" if v is None else "%.1f" % (v / 2**20)
+def num(v, f="%.1f"): return "-" if v is None else f % v
+if ours or torch:
+    print("\n%-28s %12s %12s %7s %14s %14s %7s" % ("trace", "ours ns/op", "torch ns/op", "speed", "ours peakMiB", "torch peakMiB", "ratio"))
+    for t in sorted(set(ours) | set(torch)):
+        o, p = ours.get(t, {}), torch.get(t, {})
+        ow, pw = o.get("warm_ns_per_op"), p.get("warm_ns_per_op")
+        orr, prr = o.get("peak_reserved"), p.get("peak_reserved")
+        sp = "%.2fx" % (pw / ow) if ow and pw else "-"
+        ra = "%.3f" % (orr / prr) if orr and prr else "-"
+        print("%-28s %12s %12s %7s %14s %14s %7s" % (t, num(ow), num(pw), sp, mib(orr), mib(prr), ra))
+ot, pt = load("cachalot-threads.jsonl", "threads"), load("pytorch-threads.jsonl", "threads")
+if ot or pt:
+    print("\n%-8s %14s %14s" % ("threads", "ours Mops/s", "torch Mops/s"))
+    for t in sorted(set(ot) | set(pt), key=int):
+        print("%-8s %14s %14s" % (t, num(ot.get(t, {}).get("mops_per_s"), "%.3f"), num(pt.get(t, {}).get("mops_per_s"), "%.3f")))
+PY
