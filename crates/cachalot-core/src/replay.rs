@@ -356,7 +356,9 @@ pub fn replay<B: Backend>(
     mut progress: impl FnMut(usize),
 ) -> Result<ReplayReport, Error> {
     if streams.is_empty() {
-        return Err(Error::InvalidArgument("replay needs at least one stream".into()));
+        return Err(Error::InvalidArgument(
+            "replay needs at least one stream".into(),
+        ));
     }
     let passes = passes.max(1);
     alloc.empty_cache()?;
@@ -406,7 +408,11 @@ pub fn replay<B: Backend>(
         trace: trace.name.clone(),
         ops: trace.ops.len(),
         cold_ns_per_op: cold.0,
-        warm_ns_per_op: if warm.is_empty() { cold.0 } else { warm[warm.len() / 2] },
+        warm_ns_per_op: if warm.is_empty() {
+            cold.0
+        } else {
+            warm[warm.len() / 2]
+        },
         peak_reserved: cold.1,
         peak_allocated: cold.2,
         device_allocs_cold: cold.3,

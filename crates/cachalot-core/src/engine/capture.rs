@@ -83,7 +83,10 @@ impl<B: Backend> Inner<B> {
                 },
             );
         }
-        let ctx = self.reuse_contexts.get_mut(&info.id).expect("inserted above");
+        let ctx = self
+            .reuse_contexts
+            .get_mut(&info.id)
+            .expect("inserted above");
         let visited = ctx.visited.entry(stream).or_insert_with(HashSet::new);
         let mut stack: Vec<B::Node> = Vec::new();
         for t in info.terminals {
@@ -114,7 +117,11 @@ impl<B: Backend> Inner<B> {
 
     /// The reclaim step at `malloc` during capture (spec 1.5): deferred blocks
     /// of the requesting stream whose markers are all visited are freed.
-    pub(crate) fn reclaim_in_capture(&mut self, backend: &B, stream: B::Stream) -> Result<(), Error> {
+    pub(crate) fn reclaim_in_capture(
+        &mut self,
+        backend: &B,
+        stream: B::Stream,
+    ) -> Result<(), Error> {
         if !self.deferred.iter().any(|d| !d.markers.is_empty()) {
             return Ok(());
         }
@@ -174,7 +181,10 @@ impl<B: Backend> Inner<B> {
                 || b.state != BState::Pending
                 || !b.stream_uses.is_empty()
                 || (p.size < max_split && b.size >= max_split)
-                || (p.size >= max_split && b.size >= p.size.saturating_add(self.config.max_non_split_rounding_size))
+                || (p.size >= max_split
+                    && b.size
+                        >= p.size
+                            .saturating_add(self.config.max_non_split_rounding_size))
             {
                 continue;
             }
@@ -186,7 +196,9 @@ impl<B: Backend> Inner<B> {
                 best = Some(key);
             }
         }
-        let Some((_, _, i)) = best else { return Ok(None) };
+        let Some((_, _, i)) = best else {
+            return Ok(None);
+        };
         let id = self.deferred.swap_remove(i).block;
         // Retire the block as if freed (stats), re-keyed to the new stream:
         // it merges only with free blocks of that stream.

@@ -55,7 +55,8 @@ impl<B: Backend> Inner<B> {
                         let pool = self.pools[b.pool as usize]
                             .as_ref()
                             .ok_or("free block in a deleted pool")?;
-                        if pool.get_ref(b.small).free.get(&(b.stream, b.size, b.addr)) != Some(&id) {
+                        if pool.get_ref(b.small).free.get(&(b.stream, b.size, b.addr)) != Some(&id)
+                        {
                             return Err(format!("free block {id} missing from its pool"));
                         }
                         if b.is_split() {
@@ -96,7 +97,11 @@ impl<B: Backend> Inner<B> {
                 id = b.next;
             }
             if at != start + seg.size {
-                return Err(format!("segment {start:#x}: blocks cover {} of {} bytes", at - start, seg.size));
+                return Err(format!(
+                    "segment {start:#x}: blocks cover {} of {} bytes",
+                    at - start,
+                    seg.size
+                ));
             }
         }
         let pooled: usize = self
@@ -106,10 +111,15 @@ impl<B: Backend> Inner<B> {
             .map(|p| p.small.free.len() + p.large.free.len())
             .sum();
         if pooled != free_count {
-            return Err(format!("{pooled} blocks in free sets but {free_count} free blocks"));
+            return Err(format!(
+                "{pooled} blocks in free sets but {free_count} free blocks"
+            ));
         }
         if self.live.len() != alloc_count {
-            return Err(format!("{} live entries but {alloc_count} allocated blocks", self.live.len()));
+            return Err(format!(
+                "{} live entries but {alloc_count} allocated blocks",
+                self.live.len()
+            ));
         }
         let queued: usize = self.event_queues.iter().map(|(_, q)| q.len()).sum();
         if queued != self.outstanding_events || queued != event_sum {
@@ -126,7 +136,10 @@ impl<B: Backend> Inner<B> {
                     .filter(|s| self.blocks[s.head as usize].pool as usize == idx)
                     .count();
                 if segs != p.segments as usize {
-                    return Err(format!("pool {:?}: {segs} segments, counted {}", p.id, p.segments));
+                    return Err(format!(
+                        "pool {:?}: {segs} segments, counted {}",
+                        p.id, p.segments
+                    ));
                 }
             }
         }
@@ -136,14 +149,30 @@ impl<B: Backend> Inner<B> {
             ("segment", &s.segment, &expect.segment),
             ("active", &s.active, &expect.active),
             ("inactive_split", &s.inactive_split, &expect.inactive_split),
-            ("allocated_bytes", &s.allocated_bytes, &expect.allocated_bytes),
+            (
+                "allocated_bytes",
+                &s.allocated_bytes,
+                &expect.allocated_bytes,
+            ),
             ("reserved_bytes", &s.reserved_bytes, &expect.reserved_bytes),
             ("active_bytes", &s.active_bytes, &expect.active_bytes),
-            ("inactive_split_bytes", &s.inactive_split_bytes, &expect.inactive_split_bytes),
-            ("requested_bytes", &s.requested_bytes, &expect.requested_bytes),
+            (
+                "inactive_split_bytes",
+                &s.inactive_split_bytes,
+                &expect.inactive_split_bytes,
+            ),
+            (
+                "requested_bytes",
+                &s.requested_bytes,
+                &expect.requested_bytes,
+            ),
         ];
         for (name, got, want) in pairs {
-            for t in [StatType::Aggregate, StatType::SmallPool, StatType::LargePool] {
+            for t in [
+                StatType::Aggregate,
+                StatType::SmallPool,
+                StatType::LargePool,
+            ] {
                 let (g, w) = (got.0[t as usize].current, want.0[t as usize].current);
                 if g != w {
                     return Err(format!("{name}.{t:?}.current is {g}, blocks say {w}"));

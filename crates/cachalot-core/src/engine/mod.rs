@@ -8,6 +8,7 @@
 //! Deviations from PyTorch are bug fixes, each marked in a comment.
 
 mod capture;
+pub mod history;
 mod invariants;
 pub mod rounding;
 mod snapshot;
@@ -24,9 +25,10 @@ use crate::config::AllocatorConfig;
 use crate::error::{Error, OomReport};
 use crate::stats::DeviceStats;
 
+pub use history::{HistoryConfig, TraceAction, TraceEntry};
 pub use snapshot::{BlockSnapshot, BlockState, SegmentSnapshot, Snapshot};
-pub use state::{PoolFilter, PoolId};
 use state::{AllocOutcome, Inner};
+pub use state::{PoolFilter, PoolId};
 
 /// A callback run on out-of-memory, after the lock is dropped and before the
 /// error is returned.
@@ -193,7 +195,11 @@ impl<B: Backend> CachingAllocator<B> {
     /// Routes allocations of streams matching `filter` to the private pool
     /// `pool` (created if new, else its use count grows), as PyTorch's
     /// `beginAllocateToPool`. Call before beginning the backend capture.
-    pub fn begin_allocate_to_pool(&self, pool: PoolId, filter: PoolFilter<B::Stream>) -> Result<(), Error> {
+    pub fn begin_allocate_to_pool(
+        &self,
+        pool: PoolId,
+        filter: PoolFilter<B::Stream>,
+    ) -> Result<(), Error> {
         if !self.backend.supports_capture() {
             if let PoolFilter::CaptureId(_) = filter {
                 return Err(crate::error::CaptureError::Unsupported(self.backend.name()).into());
@@ -227,9 +233,67 @@ impl<B: Backend> CachingAllocator<B> {
         self.inner.lock().check_invariants()
     }
 
-    /// A snapshot of every segment and block.
+    /// A snapshot of every segment and block, with the memory history
+    /// (empty when the history is off) and the device index.
     pub fn snapshot(&self) -> Snapshot {
-        self.inner.lock().snapshot()
+        let mut g = self.inner.lock();
+        if g.history.is_some() {
+            g.trace(TraceAction::Snapshot, 0, 0, self.backend.default_stream());
+        }
+        let mut s = g.snapshot();
+        s.device = self.backend.device();
+        for seg in &mut s.segments {
+            seg.device = s.device;
+        }
+        s.traces = g
+            .history
+            .as_ref()
+            .map_or_else(Vec::new, |h| h.ring.iter().cloned().collect());
+        s
+    }
+
+    /// Turns the memory history on (`Some`, clearing it when the settings
+    /// change) or off (`None`, which also clears it).
+    pub fn record_memory_history(&self, config: Option<HistoryConfig>) {
+        let mut g = self.inner.lock();
+        g.history = match (config, g.history.take()) {
+            (None, _) => None,
+            (Some(c), Some(h)) if h.config == c => Some(h),
+            (Some(c), _) => Some(Box::new(history::History::new(c))),
+        };
+    }
+
+    /// The entries of the memory history, oldest first.
+    pub fn memory_history(&self) -> Vec<TraceEntry> {
+        self.inner
+            .lock()
+            .history
+            .as_ref()
+            .map_or_else(Vec::new, |h| h.ring.iter().cloned().collect())
+    }
+
+    /// Largest free cached block over all pools (PyTorch's `cacheInfo`).
+    pub fn largest_free_block(&self) -> u64 {
+        let g = self.inner.lock();
+        g.pools
+            .iter()
+            .flatten()
+            .flat_map(|p| p.small.free.keys().chain(p.large.free.keys()))
+            .map(|k| k.1)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Live allocations as (address, block size).
+    pub fn live_allocations(&self) -> Vec<(u64, u64)> {
+        let g = self.inner.lock();
+        let mut v: Vec<(u64, u64)> = g
+            .live
+            .iter()
+            .map(|(&a, &id)| (a, g.blocks[id as usize].size))
+            .collect();
+        v.sort_unstable();
+        v
     }
 }
 

@@ -65,11 +65,17 @@ pub struct SegmentSnapshot {
     pub blocks: Vec<BlockSnapshot>,
 }
 
-/// Every segment, sorted by address.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// Every segment, sorted by address, and the memory history.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Snapshot {
+    /// Device index.
+    pub device: u32,
     /// Segments in address order.
     pub segments: Vec<SegmentSnapshot>,
+    /// Memory-history entries, oldest first (empty when the history is off).
+    pub traces: Vec<crate::engine::history::TraceEntry>,
+    /// The allocator config at snapshot time.
+    pub config: crate::config::AllocatorConfig,
 }
 
 impl<B: Backend> Inner<B> {
@@ -110,7 +116,11 @@ impl<B: Backend> Inner<B> {
                 s.blocks.push(BlockSnapshot {
                     address: b.addr,
                     size: b.size,
-                    requested_size: if state == BlockState::Inactive { 0 } else { b.requested },
+                    requested_size: if state == BlockState::Inactive {
+                        0
+                    } else {
+                        b.requested
+                    },
                     state,
                     stream: format!("{:?}", b.stream),
                 });
@@ -118,6 +128,11 @@ impl<B: Backend> Inner<B> {
             }
             segments.push(s);
         }
-        Snapshot { segments }
+        Snapshot {
+            device: 0,
+            segments,
+            traces: Vec::new(),
+            config: self.config.clone(),
+        }
     }
 }

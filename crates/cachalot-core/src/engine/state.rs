@@ -6,6 +6,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::backend::{Backend, DevicePointer};
 use crate::config::{AllocatorConfig, CaptureReuse};
+use crate::engine::history::{History, TraceAction};
 use crate::engine::rounding::{
     MAX_REQUEST, MIN_BLOCK_SIZE, SMALL_SIZE, allocation_size, round_size,
 };
@@ -117,7 +118,11 @@ pub(crate) struct PoolPair<S> {
 impl<S> PoolPair<S> {
     #[inline]
     pub fn get(&mut self, small: bool) -> &mut BlockPool<S> {
-        if small { &mut self.small } else { &mut self.large }
+        if small {
+            &mut self.small
+        } else {
+            &mut self.large
+        }
     }
     pub fn get_ref(&self, small: bool) -> &BlockPool<S> {
         if small { &self.small } else { &self.large }
@@ -198,6 +203,8 @@ pub(crate) struct Inner<B: Backend> {
     pub total_memory: u64,
     pub memory_fraction: f64,
     pub allowed_max: Option<u64>,
+    /// Memory history, `None` when off.
+    pub history: Option<Box<History>>,
 }
 
 impl<B: Backend> Inner<B> {
@@ -232,6 +239,7 @@ impl<B: Backend> Inner<B> {
             total_memory,
             memory_fraction: config.per_process_memory_fraction,
             allowed_max: None,
+            history: None,
             config,
         };
         s.update_allowed();
@@ -244,6 +252,14 @@ impl<B: Backend> Inner<B> {
         } else {
             None
         };
+    }
+
+    /// Appends a history entry when the history is on (one branch when off).
+    #[inline]
+    pub fn trace(&mut self, action: TraceAction, addr: u64, size: u64, stream: B::Stream) {
+        if let Some(h) = self.history.as_mut() {
+            h.push(action, addr, size, format!("{stream:?}"));
+        }
     }
 
     // ----- slab -----
@@ -405,6 +421,7 @@ impl<B: Backend> Inner<B> {
                 oversize,
             },
         );
+        self.trace(TraceAction::SegmentAlloc, ptr, size, p.stream);
         tracing::debug!(size, ptr, "device segment allocated");
         Ok(Some(id))
     }
@@ -477,6 +494,9 @@ impl<B: Backend> Inner<B> {
         if oversize {
             s.oversize_allocations.increase(1);
         }
+        if self.history.is_some() {
+            self.trace(TraceAction::Alloc, addr, size, p.stream);
+        }
         addr
     }
 
@@ -486,6 +506,11 @@ impl<B: Backend> Inner<B> {
         let st = b.stat_type();
         let orig_size = b.size as i64;
         let requested = b.requested as i64;
+        if self.history.is_some() {
+            let (a, sz, s) = (b.addr, b.size, b.stream);
+            self.trace(TraceAction::FreeCompleted, a, sz, s);
+        }
+        let b = &self.blocks[id as usize];
         let mut net_split: i64 = 0;
         let mut net_split_bytes: i64 = 0;
         // merge with the previous block: the previous block absorbs this one
@@ -556,8 +581,9 @@ impl<B: Backend> Inner<B> {
     pub fn release_block(&mut self, backend: &B, id: BlockId) -> Result<(), Error> {
         let b = &self.blocks[id as usize];
         debug_assert!(!b.is_split() && b.state == BState::Free);
-        let (addr, size, small, pool) = (b.addr, b.size, b.small, b.pool);
+        let (addr, size, small, pool, stream) = (b.addr, b.size, b.small, b.pool, b.stream);
         backend.free(B::Ptr::from_addr(addr), size)?;
+        self.trace(TraceAction::SegmentFree, addr, size, stream);
         self.remove_free(id);
         let seg = self.segments.remove(&addr);
         let st = StatType::of_pool(small);
@@ -598,7 +624,10 @@ impl<B: Backend> Inner<B> {
             return Ok(false);
         }
         let target = p.size.max(max_split);
-        let pool = self.pools[p.pool as usize].as_ref().expect("live pool").get_ref(p.small);
+        let pool = self.pools[p.pool as usize]
+            .as_ref()
+            .expect("live pool")
+            .get_ref(p.small);
         // a single block of this stream large enough?
         if let Some((&(s, _, _), &id)) = pool.free.range((p.stream, target, 0)..).next() {
             if s == p.stream && !self.blocks[id as usize].is_split() {
@@ -614,7 +643,10 @@ impl<B: Backend> Inner<B> {
             .map(|(_, &id)| id)
             .filter(|&id| !self.blocks[id as usize].is_split())
             .collect();
-        let total: u64 = candidates.iter().map(|&id| self.blocks[id as usize].size).sum();
+        let total: u64 = candidates
+            .iter()
+            .map(|&id| self.blocks[id as usize].size)
+            .sum();
         if total < target {
             return Ok(false);
         }
@@ -876,7 +908,12 @@ impl<B: Backend> Inner<B> {
 
     /// The whole malloc sequence of spec 2.8. `Ok(AllocOutcome::Oom)` when
     /// nothing worked (the caller reports it after dropping the lock).
-    pub fn malloc(&mut self, backend: &B, size: u64, stream: B::Stream) -> Result<AllocOutcome, Error> {
+    pub fn malloc(
+        &mut self,
+        backend: &B,
+        size: u64,
+        stream: B::Stream,
+    ) -> Result<AllocOutcome, Error> {
         debug_assert!(size > 0 && size < MAX_REQUEST);
         if self.captures.is_empty() {
             self.process_events(backend)?;
@@ -927,6 +964,7 @@ impl<B: Backend> Inner<B> {
             None => {
                 self.stats.num_ooms += 1;
                 let report = self.oom_report(backend, p);
+                self.trace(TraceAction::Oom, report.device_free, p.alloc_size, p.stream);
                 let never = p.alloc_size > self.allowed_max.unwrap_or(self.total_memory);
                 Ok(AllocOutcome::Oom(Box::new(report), never))
             }
@@ -985,6 +1023,11 @@ impl<B: Backend> Inner<B> {
         let Some(id) = self.live.remove(&addr) else {
             return Err(self.classify_bad_pointer(addr, true));
         };
+        if self.history.is_some() {
+            let b = &self.blocks[id as usize];
+            let (a, sz, s) = (b.addr, b.size, b.stream);
+            self.trace(TraceAction::FreeRequested, a, sz, s);
+        }
         let b = &mut self.blocks[id as usize];
         debug_assert_eq!(b.state, BState::Allocated);
         let st = b.stat_type();
@@ -1193,7 +1236,11 @@ impl<B: Backend> Inner<B> {
         self.outstanding_events = 0;
         keep(self.destroy_pooled_events(backend));
         for (addr, seg) in std::mem::take(&mut self.segments) {
-            keep(backend.free(B::Ptr::from_addr(addr), seg.size).map_err(Error::from));
+            keep(
+                backend
+                    .free(B::Ptr::from_addr(addr), seg.size)
+                    .map_err(Error::from),
+            );
         }
         first_err.map_or(Ok(()), Err)
     }
