@@ -401,7 +401,7 @@ fn pack_benches(pkgs: &[Package], dist: &Path, opts: &Options) -> Res<usize> {
 }
 
 /// Copies `traces/` of the repository, or `../shared/traces` when the
-/// repository's is empty, into `dist/traces`.
+/// repository's holds no trace (nor `synth_traces.py`), into `dist/cuda/traces`.
 fn pack_traces(dist: &Path) -> Res<bool> {
     let dst = dist.join("traces");
     reset_dir(&dst)?;
@@ -415,7 +415,11 @@ fn pack_traces(dist: &Path) -> Res<bool> {
             .map(|e| e.path())
             .filter(|p| p.is_file())
             .collect();
-        if files.is_empty() {
+        let has_traces = files.iter().any(|f| {
+            f.extension().is_some_and(|e| e == "trace")
+                || f.file_name().is_some_and(|n| n == "synth_traces.py")
+        });
+        if !has_traces {
             continue;
         }
         for f in files {
