@@ -474,9 +474,7 @@ mod tests {
         let api = ZeApi::stub();
         assert_eq!(api.library_name(), None);
         // SAFETY: the stub ignores its argument.
-        assert_eq!(
-            unsafe { (api.zeInit)(0) },
-            ZE_RESULT_ERROR_UNSUPPORTED_FEATURE
-        );
+        let rc = unsafe { (api.zeInit)(0) };
+        assert_eq!(rc, ZE_RESULT_ERROR_UNSUPPORTED_FEATURE);
     }
 }
