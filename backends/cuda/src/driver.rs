@@ -397,21 +397,22 @@ pub(crate) fn graph_node_get_dependencies(
     node: sys::CUgraphNode,
 ) -> DResult<Vec<sys::CUgraphNode>> {
     let mut n: usize = 0;
-    let mut edge_probe = sys::CUgraphEdgeData {
-        from_port: 0,
-        to_port: 0,
-        type_: 0,
-        reserved: [0; 5],
-    };
-    // SAFETY: with a null node array the driver only writes the count to `n`.
+    // SAFETY: with null node and edge arrays (the driver rejects edge data
+    // without a node array) it only writes the count to `n`.
     res(unsafe {
-        sys::cuGraphNodeGetDependencies_v2(node, ptr::null_mut(), &mut edge_probe, &mut n)
+        sys::cuGraphNodeGetDependencies_v2(node, ptr::null_mut(), ptr::null_mut(), &mut n)
     })?;
     if n == 0 {
         return Ok(Vec::new());
     }
     let mut nodes: Vec<sys::CUgraphNode> = vec![ptr::null_mut(); n];
-    let mut edges = vec![edge_probe; n];
+    let blank = sys::CUgraphEdgeData {
+        from_port: 0,
+        to_port: 0,
+        type_: 0,
+        reserved: [0; 5],
+    };
+    let mut edges = vec![blank; n];
     let mut filled = n;
     // SAFETY: `nodes` and `edges` have room for `filled` entries, and the
     // driver writes at most that many, updating `filled`.
