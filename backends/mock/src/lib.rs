@@ -1,1 +1,97 @@
-//! placeholder
+//! # cachalot-mock
+//!
+//! A simulated accelerator implementing [`cachalot_core::Backend`]. It touches
+//! no real memory (a 100 GiB trace replays on a laptop), is fully
+//! deterministic, and is what the engine's tests, the trace replay and the
+//! property tests run on.
+//!
+//! ## Model
+//!
+//! * **Memory.** [`MockBackend::new`] (or [`MockConfig`]) sets the capacity.
+//!   `malloc(size)` needs a positive multiple of 512 B (else a
+//!   [`BackendError`](cachalot_core::BackendError) with
+//!   [`codes::INVALID_VALUE`]); it fails with
+//!   `DeviceAllocError::OutOfMemory` when live bytes (+ simulated external
+//!   usage) + size exceed the capacity. Addresses come from a large range
+//!   (default base `0x7f00_0000_0000`, size `max(1 TiB, 4 × capacity)`)
+//!   placed by a [`Placement`] policy; segments of at least 2 MiB start
+//!   2 MiB-aligned, smaller ones 512 B-aligned. `free` of an unknown pointer
+//!   or with the wrong size is an error, never a panic.
+//! * **Streams and work.** Stream 0 is the default (legacy) stream; others
+//!   come from [`MockBackend::create_stream`]. Each stream counts submitted
+//!   and completed units of work. Work ([`MockBackend::launch`],
+//!   [`MockBackend::use_memory`], [`MockBackend::launch_graph`]) completes only
+//!   when the test says so ([`MockBackend::complete`],
+//!   [`MockBackend::complete_n`], [`MockBackend::complete_all`], or a host
+//!   synchronisation), or at once in auto-complete mode. Completing work
+//!   also completes the work it waits on (through `stream_wait_event`).
+//!   Streams are non-blocking: the default stream does not synchronise
+//!   implicitly with the others.
+//! * **Events.** `record_event` snapshots the stream's submitted count and
+//!   vector clock; `query_event` is "completed ≥ recorded position" (true for
+//!   a never-recorded event); `synchronize_event` completes the work up to
+//!   that position; `stream_wait_event` merges the event's clock into the
+//!   stream's (an ordering edge). Unknown, destroyed or foreign events are
+//!   [`codes::INVALID_RESOURCE_HANDLE`] errors.
+//! * **Race checker.** Every use records `[addr, addr+len)` with a tag (one
+//!   per allocation, chosen by the harness). Two overlapping uses with
+//!   different tags race unless ordered: outside capture by happens-before
+//!   (same stream; a `stream_wait_event` chain, i.e. vector clocks; or the
+//!   earlier use had completed when the later one was submitted — the host
+//!   observed it), inside one capture by a path in the graph. Races are
+//!   reported once per (later use, earlier use) pair at the later use's
+//!   submission; see [`MockBackend::races`]. `free` of a segment forgets its
+//!   uses (cudaFree synchronises implicitly).
+//! * **Capture.** CUDA stream capture semantics (spec section 1.3):
+//!   [`MockBackend::begin_capture`] / [`MockBackend::end_capture`], capture
+//!   ids from 1, per-stream terminal sets (work collapses the set to the new
+//!   node; `record_event` captures the set; `stream_wait_event` on a
+//!   captured event adds its nodes and forks a non-capturing stream into the
+//!   capture), `capture_info`, `node_dependencies`, `add_empty_node`,
+//!   `update_capture_dependencies` (Add/Set). Misuse invalidates the
+//!   capture like CUDA: querying or synchronising an event recorded in a
+//!   capture, synchronising a capturing stream or the device, waiting on
+//!   uncaptured work from a capturing stream, merging two captures, ending
+//!   on the wrong stream; in [`CaptureMode::Global`] (default) also any
+//!   `query_event` / `synchronize_event` while a capture is active.
+//!   `malloc` and `free` are allowed during capture (relaxed mode) and
+//!   counted. `end_capture` fails with [`codes::STREAM_CAPTURE_UNJOINED`]
+//!   when a forked stream's terminal nodes are not ancestors of the origin's.
+//!
+//! ```
+//! use cachalot_core::Backend;
+//! use cachalot_mock::MockBackend;
+//!
+//! let dev = MockBackend::new(1 << 30);
+//! let s1 = dev.create_stream();
+//! let s2 = dev.create_stream();
+//! let p = dev.malloc(2 << 20).unwrap();
+//! dev.use_memory(s1, p, 1024, 1).unwrap();
+//! // Reusing the bytes for another allocation on s2 without ordering: race.
+//! dev.use_memory(s2, p, 512, 2).unwrap();
+//! assert_eq!(dev.race_count(), 1);
+//! // Ordered through an event: no race.
+//! let e = dev.create_event().unwrap();
+//! dev.record_event(&e, s2).unwrap();
+//! dev.stream_wait_event(s1, &e).unwrap();
+//! dev.use_memory(s1, p, 512, 3).unwrap();
+//! assert_eq!(dev.race_count(), 1);
+//! dev.destroy_event(e).unwrap();
+//! ```
+#![forbid(unsafe_code)]
+
+mod backend;
+mod config;
+mod graph;
+mod shadow;
+mod space;
+mod types;
+
+pub use backend::MockBackend;
+pub use config::{DEFAULT_BASE_ADDRESS, MockConfig};
+pub use graph::{MockGraph, MockNode, NodeKind};
+pub use space::{BIG_ALIGN, CHUNK, Placement, SMALL_ALIGN, alignment_for};
+pub use types::{
+    CaptureMode, MallocFailure, MemUse, MockCounters, MockEvent, MockStream, Race, Submitted,
+    UseSite, codes,
+};

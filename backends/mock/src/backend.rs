@@ -1,0 +1,1576 @@
+//! The simulated device: state, test controls and the `Backend` impl.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use cachalot_core::{
+    Backend, BackendError, CaptureInfo, CaptureStatus, DependencyUpdate, DeviceAllocError,
+    DeviceIndex, MemoryInfo,
+};
+use parking_lot::Mutex;
+
+use crate::config::MockConfig;
+use crate::graph::{GraphData, GraphNode, MockGraph, MockNode, NodeKind};
+use crate::shadow::{Access, PieceMap, Who};
+use crate::space::{AddressSpace, Placement};
+use crate::types::{
+    CaptureMode, MallocFailure, MemUse, MockCounters, MockEvent, MockStream, Race, Submitted,
+    UseSite, codes,
+};
+
+const NAME: &str = "mock";
+
+static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(1);
+
+fn err(call: &'static str, code: i64, message: impl Into<String>) -> BackendError {
+    BackendError::new(NAME, call, code, message)
+}
+
+fn push_unique(v: &mut Vec<u32>, items: impl IntoIterator<Item = u32>) {
+    for x in items {
+        if !v.contains(&x) {
+            v.push(x);
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct StreamState {
+    submitted: u64,
+    completed: u64,
+    /// For every other stream, the last work position ordered before the
+    /// next work submitted here.
+    clock: Vec<u64>,
+    /// `(first position, clock)` of each run of work with the same clock.
+    epochs: VecDeque<(u64, Vec<u64>)>,
+    capture: Option<u64>,
+    terminals: Vec<u32>,
+}
+
+#[derive(Clone, Debug)]
+enum EventRecord {
+    Never,
+    Work {
+        stream: usize,
+        pos: u64,
+        clock: Vec<u64>,
+    },
+    Captured {
+        capture: u64,
+        nodes: Vec<u32>,
+    },
+}
+
+#[derive(Debug)]
+struct CaptureState {
+    origin: usize,
+    status: CaptureStatus,
+    reason: Option<String>,
+    nodes: Vec<GraphNode>,
+    members: BTreeSet<usize>,
+    shadow: PieceMap,
+}
+
+struct State {
+    instance: u64,
+    placement: Placement,
+    auto_complete: bool,
+    capture_mode: CaptureMode,
+    race_checking: bool,
+    capacity: u64,
+    external: u64,
+    live: u64,
+    space: AddressSpace,
+    segments: BTreeMap<u64, u64>,
+    streams: Vec<StreamState>,
+    events: HashMap<u64, EventRecord>,
+    next_event: u64,
+    captures: BTreeMap<u64, CaptureState>,
+    next_capture: u64,
+    graphs: HashMap<u64, Weak<GraphData>>,
+    shadow: PieceMap,
+    shadow_inserts: usize,
+    next_use: u64,
+    races: Vec<Race>,
+    counters: MockCounters,
+    malloc_calls: u64,
+    malloc_failures: BTreeMap<u64, MallocFailure>,
+    event_calls: u64,
+    event_failures: BTreeSet<u64>,
+    free_calls: u64,
+    free_failures: BTreeSet<u64>,
+}
+
+impl State {
+    fn new(cfg: &MockConfig) -> Self {
+        let (base, size) = cfg.range();
+        Self {
+            instance: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
+            placement: cfg.placement,
+            auto_complete: cfg.auto_complete,
+            capture_mode: cfg.capture_mode,
+            race_checking: cfg.race_checking,
+            capacity: cfg.total_memory,
+            external: 0,
+            live: 0,
+            space: AddressSpace::new(cfg.placement, base, size),
+            segments: BTreeMap::new(),
+            streams: vec![StreamState::default()],
+            events: HashMap::new(),
+            next_event: 1,
+            captures: BTreeMap::new(),
+            next_capture: 1,
+            graphs: HashMap::new(),
+            shadow: PieceMap::default(),
+            shadow_inserts: 0,
+            next_use: 1,
+            races: Vec::new(),
+            counters: MockCounters::default(),
+            malloc_calls: 0,
+            malloc_failures: BTreeMap::new(),
+            event_calls: 0,
+            event_failures: BTreeSet::new(),
+            free_calls: 0,
+            free_failures: BTreeSet::new(),
+        }
+    }
+
+    // ----- lookups -------------------------------------------------------
+
+    fn stream_idx(&self, call: &'static str, s: MockStream) -> Result<usize, BackendError> {
+        let i = s.0 as usize;
+        if i < self.streams.len() {
+            Ok(i)
+        } else {
+            Err(err(
+                call,
+                codes::INVALID_RESOURCE_HANDLE,
+                format!("{s} was not created by this mock device"),
+            ))
+        }
+    }
+
+    fn event(&self, call: &'static str, e: &MockEvent) -> Result<&EventRecord, BackendError> {
+        if e.instance != self.instance {
+            return Err(err(
+                call,
+                codes::INVALID_RESOURCE_HANDLE,
+                format!("event {} belongs to another mock device", e.id),
+            ));
+        }
+        self.events.get(&e.id).ok_or_else(|| {
+            err(
+                call,
+                codes::INVALID_RESOURCE_HANDLE,
+                format!("event {} is unknown or was destroyed", e.id),
+            )
+        })
+    }
+
+    fn any_capture_active(&self) -> bool {
+        self.captures
+            .values()
+            .any(|c| c.status == CaptureStatus::Active)
+    }
+
+    fn invalidate(&mut self, id: u64, reason: impl Into<String>) {
+        if let Some(c) = self.captures.get_mut(&id)
+            && c.status == CaptureStatus::Active
+        {
+            c.status = CaptureStatus::Invalidated;
+            c.reason = Some(reason.into());
+            self.counters.captures_invalidated += 1;
+        }
+    }
+
+    fn invalidate_all(&mut self, reason: &str) {
+        let ids: Vec<u64> = self.captures.keys().copied().collect();
+        for id in ids {
+            self.invalidate(id, reason);
+        }
+    }
+
+    /// `Ok(None)` outside capture, `Ok(Some(id))` in an active capture, an
+    /// error when the stream's capture was invalidated.
+    fn active_capture(&self, call: &'static str, i: usize) -> Result<Option<u64>, BackendError> {
+        let Some(id) = self.streams[i].capture else {
+            return Ok(None);
+        };
+        match self.captures.get(&id) {
+            Some(c) if c.status == CaptureStatus::Active => Ok(Some(id)),
+            Some(c) => Err(err(
+                call,
+                codes::STREAM_CAPTURE_INVALIDATED,
+                format!(
+                    "capture {id} of stream{i} was invalidated: {}",
+                    c.reason.as_deref().unwrap_or("unknown reason")
+                ),
+            )),
+            None => Ok(None),
+        }
+    }
+
+    fn check_nodes(
+        &self,
+        call: &'static str,
+        id: u64,
+        nodes: &[MockNode],
+    ) -> Result<Vec<u32>, BackendError> {
+        let n = self.captures.get(&id).map_or(0, |c| c.nodes.len());
+        let mut out = Vec::with_capacity(nodes.len());
+        for node in nodes {
+            if node.capture != id || node.index as usize >= n {
+                return Err(err(
+                    call,
+                    codes::INVALID_VALUE,
+                    format!("{node:?} is not a node of the graph of capture {id}"),
+                ));
+            }
+            push_unique(&mut out, [node.index]);
+        }
+        Ok(out)
+    }
+
+    fn check_use(&self, call: &'static str, u: &MemUse) -> Result<(), BackendError> {
+        let Some(end) = u.addr.checked_add(u.len).filter(|_| u.len > 0) else {
+            return Err(err(
+                call,
+                codes::INVALID_VALUE,
+                format!("invalid memory use of {} bytes at {:#x}", u.len, u.addr),
+            ));
+        };
+        match self.segments.range(..=u.addr).next_back() {
+            Some((&s, &sz)) if end <= s + sz => Ok(()),
+            _ => Err(err(
+                call,
+                codes::INVALID_DEVICE_POINTER,
+                format!(
+                    "memory use [{:#x}, {end:#x}) (tag {}) is not inside a live segment",
+                    u.addr, u.tag
+                ),
+            )),
+        }
+    }
+
+    // ----- memory --------------------------------------------------------
+
+    fn malloc(&mut self, size: u64) -> Result<u64, DeviceAllocError> {
+        self.malloc_calls += 1;
+        if let Some(f) = self.malloc_failures.remove(&self.malloc_calls) {
+            return Err(match f {
+                MallocFailure::OutOfMemory => DeviceAllocError::OutOfMemory,
+                MallocFailure::Backend(code) => DeviceAllocError::Backend(err(
+                    "malloc",
+                    code,
+                    format!("injected failure of allocation #{}", self.malloc_calls),
+                )),
+            });
+        }
+        if size == 0 || !size.is_multiple_of(512) {
+            return Err(DeviceAllocError::Backend(err(
+                "malloc",
+                codes::INVALID_VALUE,
+                format!("size {size} is not a positive multiple of 512 bytes"),
+            )));
+        }
+        let used = self.live.saturating_add(self.external);
+        if size > self.capacity.saturating_sub(used) {
+            return Err(DeviceAllocError::OutOfMemory);
+        }
+        let addr = self
+            .space
+            .allocate(size)
+            .ok_or(DeviceAllocError::OutOfMemory)?;
+        self.segments.insert(addr, size);
+        self.live += size;
+        Ok(addr)
+    }
+
+    fn free(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
+        self.free_calls += 1;
+        if self.free_failures.remove(&self.free_calls) {
+            return Err(err(
+                "free",
+                codes::INJECTED,
+                format!("injected failure of free #{}", self.free_calls),
+            ));
+        }
+        match self.segments.get(&addr) {
+            None => {
+                let inside = self
+                    .segments
+                    .range(..addr)
+                    .next_back()
+                    .is_some_and(|(&s, &sz)| addr < s + sz);
+                let what = if inside {
+                    "points inside a segment, not at its start"
+                } else {
+                    "was not allocated by this mock device (or was already freed)"
+                };
+                return Err(err(
+                    "free",
+                    codes::INVALID_DEVICE_POINTER,
+                    format!("pointer {addr:#x} {what}"),
+                ));
+            }
+            Some(&sz) if sz != size => {
+                return Err(err(
+                    "free",
+                    codes::INVALID_VALUE,
+                    format!("segment {addr:#x} has {sz} bytes but was freed with size {size}"),
+                ));
+            }
+            Some(_) => {}
+        }
+        self.segments.remove(&addr);
+        self.live -= size;
+        self.space.release(addr, size);
+        // cudaFree synchronises implicitly: uses of the old segment are over.
+        self.shadow.remove_range(addr, addr + size);
+        Ok(())
+    }
+
+    // ----- work and completion ------------------------------------------
+
+    /// Completes stream `s` up to position `p` and, first, everything that
+    /// work depends on (cascading through stream waits).
+    fn complete_to(&mut self, s: usize, p: u64) {
+        let mut todo = vec![(s, p)];
+        while let Some((s, p)) = todo.pop() {
+            let Some(st) = self.streams.get_mut(s) else {
+                continue;
+            };
+            let p = p.min(st.submitted);
+            if st.completed >= p {
+                continue;
+            }
+            if let Some((_, clock)) = st.epochs.iter().rev().find(|(f, _)| *f <= p) {
+                for (j, &q) in clock.iter().enumerate() {
+                    if j != s && q > 0 {
+                        todo.push((j, q));
+                    }
+                }
+            }
+            st.completed = p;
+            while st.epochs.len() > 1 && st.epochs[1].0 <= st.completed + 1 {
+                st.epochs.pop_front();
+            }
+        }
+    }
+
+    fn complete_all(&mut self) {
+        for i in 0..self.streams.len() {
+            let p = self.streams[i].submitted;
+            self.complete_to(i, p);
+        }
+    }
+
+    fn submit(
+        &mut self,
+        call: &'static str,
+        i: usize,
+        kind: NodeKind,
+        uses: Vec<MemUse>,
+    ) -> Result<Submitted, BackendError> {
+        self.counters.launches += 1;
+        for u in &uses {
+            self.check_use(call, u)?;
+        }
+        match self.active_capture(call, i)? {
+            Some(id) => Ok(self.add_node(id, i, kind, uses)),
+            None => Ok(self.submit_eager(i, &uses)),
+        }
+    }
+
+    fn submit_eager(&mut self, i: usize, uses: &[MemUse]) -> Submitted {
+        let st = &mut self.streams[i];
+        st.submitted += 1;
+        let pos = st.submitted;
+        if self.race_checking {
+            for u in uses {
+                self.check_eager_use(i, pos, u);
+            }
+        }
+        if self.auto_complete {
+            self.complete_to(i, pos);
+        }
+        Submitted::Work {
+            stream: MockStream(i as u32),
+            seq: pos,
+        }
+    }
+
+    fn check_eager_use(&mut self, b: usize, pos: u64, u: &MemUse) {
+        let id = self.next_use;
+        self.next_use += 1;
+        let store = !self.auto_complete;
+        let new = Access {
+            who: Who::Work {
+                stream: b as u32,
+                pos,
+            },
+            stream: b as u32,
+            tag: u.tag,
+            addr: u.addr,
+            len: u.len,
+            id,
+        };
+        let State {
+            streams,
+            shadow,
+            races,
+            ..
+        } = self;
+        let clock = &streams[b].clock;
+        let mut reported: Vec<u64> = Vec::new();
+        shadow.visit_insert(u.addr, u.addr + u.len, new, store, |x| {
+            let Who::Work { stream: a, pos: pa } = x.who else {
+                return true;
+            };
+            let a = a as usize;
+            if streams.get(a).is_some_and(|s| s.completed >= pa) {
+                return false;
+            }
+            let ordered = a == b || clock.get(a).copied().unwrap_or(0) >= pa;
+            if ordered {
+                // A later use with the same tag subsumes an ordered earlier one.
+                return x.tag != u.tag;
+            }
+            if x.tag != u.tag && !reported.contains(&x.id) {
+                reported.push(x.id);
+                races.push(make_race(x, &new, None));
+            }
+            true
+        });
+        if store {
+            self.shadow_inserts += 1;
+            if self.shadow_inserts > 4096.max(2 * self.shadow.len()) {
+                self.sweep();
+            }
+        }
+    }
+
+    fn sweep(&mut self) {
+        self.shadow_inserts = 0;
+        let streams = &self.streams;
+        self.shadow.sweep(|x| match x.who {
+            Who::Work { stream, pos } => streams
+                .get(stream as usize)
+                .is_some_and(|s| s.completed < pos),
+            Who::Node(_) => false,
+        });
+    }
+
+    fn add_node(&mut self, id: u64, i: usize, kind: NodeKind, uses: Vec<MemUse>) -> Submitted {
+        let deps = std::mem::take(&mut self.streams[i].terminals);
+        let Some(cap) = self.captures.get_mut(&id) else {
+            return Submitted::Node(MockNode {
+                capture: id,
+                index: 0,
+            });
+        };
+        let idx = cap.nodes.len() as u32;
+        cap.nodes.push(GraphNode {
+            kind,
+            stream: Some(i as u32),
+            deps,
+            uses: uses.clone(),
+        });
+        self.streams[i].terminals = vec![idx];
+        if self.race_checking {
+            for u in &uses {
+                let use_id = self.next_use;
+                self.next_use += 1;
+                check_capture_use(cap, id, idx, i, u, use_id, &mut self.races);
+            }
+        }
+        Submitted::Node(MockNode {
+            capture: id,
+            index: idx,
+        })
+    }
+
+    // ----- events --------------------------------------------------------
+
+    fn create_event(&mut self) -> Result<MockEvent, BackendError> {
+        self.event_calls += 1;
+        if self.event_failures.remove(&self.event_calls) {
+            return Err(err(
+                "create_event",
+                codes::INJECTED,
+                format!("injected failure of event creation #{}", self.event_calls),
+            ));
+        }
+        let id = self.next_event;
+        self.next_event += 1;
+        self.events.insert(id, EventRecord::Never);
+        Ok(MockEvent {
+            instance: self.instance,
+            id,
+        })
+    }
+
+    fn destroy_event(&mut self, e: &MockEvent) -> Result<(), BackendError> {
+        self.event("destroy_event", e)?;
+        self.events.remove(&e.id);
+        Ok(())
+    }
+
+    fn record_event(&mut self, e: &MockEvent, s: MockStream) -> Result<(), BackendError> {
+        self.event("record_event", e)?;
+        let i = self.stream_idx("record_event", s)?;
+        let rec = match self.active_capture("record_event", i)? {
+            Some(capture) => EventRecord::Captured {
+                capture,
+                nodes: self.streams[i].terminals.clone(),
+            },
+            None => {
+                let st = &self.streams[i];
+                let mut clock = st.clock.clone();
+                if clock.len() <= i {
+                    clock.resize(i + 1, 0);
+                }
+                clock[i] = st.submitted;
+                EventRecord::Work {
+                    stream: i,
+                    pos: st.submitted,
+                    clock,
+                }
+            }
+        };
+        self.events.insert(e.id, rec);
+        Ok(())
+    }
+
+    /// Common checks of `query_event`/`synchronize_event`; returns the
+    /// `(stream, position)` the event waits for, if any.
+    fn observable_event(
+        &mut self,
+        call: &'static str,
+        e: &MockEvent,
+    ) -> Result<Option<(usize, u64)>, BackendError> {
+        let target = match self.event(call, e)? {
+            EventRecord::Captured { capture, .. } => Err(*capture),
+            EventRecord::Never => Ok(None),
+            EventRecord::Work { stream, pos, .. } => Ok(Some((*stream, *pos))),
+        };
+        match target {
+            Err(capture) => {
+                self.invalidate(
+                    capture,
+                    format!("{call} on an event recorded during capture"),
+                );
+                Err(err(
+                    call,
+                    codes::CAPTURED_EVENT,
+                    format!(
+                        "event {} was last recorded in capture {capture}; it stands for no work",
+                        e.id
+                    ),
+                ))
+            }
+            Ok(t) => {
+                if self.capture_mode == CaptureMode::Global && self.any_capture_active() {
+                    let reason =
+                        format!("{call} while a capture is underway (global capture mode)");
+                    self.invalidate_all(&reason);
+                    return Err(err(call, codes::STREAM_CAPTURE_UNSUPPORTED, reason));
+                }
+                Ok(t)
+            }
+        }
+    }
+
+    fn query_event(&mut self, e: &MockEvent) -> Result<bool, BackendError> {
+        Ok(match self.observable_event("query_event", e)? {
+            None => true,
+            Some((s, p)) => self.streams[s].completed >= p,
+        })
+    }
+
+    fn synchronize_event(&mut self, e: &MockEvent) -> Result<(), BackendError> {
+        if let Some((s, p)) = self.observable_event("synchronize_event", e)? {
+            self.complete_to(s, p);
+        }
+        Ok(())
+    }
+
+    fn stream_wait_event(&mut self, s: MockStream, e: &MockEvent) -> Result<(), BackendError> {
+        const CALL: &str = "stream_wait_event";
+        let rec = self.event(CALL, e)?.clone();
+        let i = self.stream_idx(CALL, s)?;
+        let mine = self.active_capture(CALL, i)?;
+        match rec {
+            EventRecord::Never => Ok(()),
+            EventRecord::Work { clock, .. } => {
+                if let Some(id) = mine {
+                    self.invalidate(id, "a capturing stream waited on an uncaptured event");
+                    return Err(err(
+                        CALL,
+                        codes::STREAM_CAPTURE_ISOLATION,
+                        format!(
+                            "{s} is capturing and event {} was recorded outside capture",
+                            e.id
+                        ),
+                    ));
+                }
+                let st = &mut self.streams[i];
+                if st.clock.len() < clock.len() {
+                    st.clock.resize(clock.len(), 0);
+                }
+                for (c, q) in st.clock.iter_mut().zip(clock) {
+                    *c = (*c).max(q);
+                }
+                let first = st.submitted + 1;
+                match st.epochs.back_mut() {
+                    Some((f, c)) if *f == first => c.clone_from(&st.clock),
+                    _ => st.epochs.push_back((first, st.clock.clone())),
+                }
+                Ok(())
+            }
+            EventRecord::Captured { capture, nodes } => {
+                let status = self.captures.get(&capture).map(|c| c.status);
+                match status {
+                    None => Err(err(
+                        CALL,
+                        codes::CAPTURED_EVENT,
+                        format!(
+                            "event {} was recorded in capture {capture}, which has ended",
+                            e.id
+                        ),
+                    )),
+                    Some(CaptureStatus::Active) => match mine {
+                        Some(id) if id == capture => {
+                            push_unique(&mut self.streams[i].terminals, nodes);
+                            Ok(())
+                        }
+                        Some(id) => {
+                            let reason = format!("captures {id} and {capture} would merge");
+                            self.invalidate(id, reason.clone());
+                            self.invalidate(capture, reason.clone());
+                            Err(err(CALL, codes::STREAM_CAPTURE_MERGE, reason))
+                        }
+                        None if i == 0 => {
+                            let reason = "the legacy default stream cannot join a capture";
+                            self.invalidate(capture, reason);
+                            Err(err(CALL, codes::STREAM_CAPTURE_UNSUPPORTED, reason))
+                        }
+                        None => {
+                            let st = &mut self.streams[i];
+                            st.capture = Some(capture);
+                            st.terminals.clear();
+                            push_unique(&mut st.terminals, nodes);
+                            if let Some(c) = self.captures.get_mut(&capture) {
+                                c.members.insert(i);
+                            }
+                            Ok(())
+                        }
+                    },
+                    Some(_) => Err(err(
+                        CALL,
+                        codes::STREAM_CAPTURE_INVALIDATED,
+                        format!("event {} belongs to invalidated capture {capture}", e.id),
+                    )),
+                }
+            }
+        }
+    }
+
+    fn synchronize_device(&mut self) -> Result<(), BackendError> {
+        if !self.captures.is_empty() {
+            let reason = "synchronize_device while a capture is underway";
+            self.invalidate_all(reason);
+            return Err(err(
+                "synchronize_device",
+                codes::STREAM_CAPTURE_UNSUPPORTED,
+                reason,
+            ));
+        }
+        self.complete_all();
+        Ok(())
+    }
+
+    // ----- capture -------------------------------------------------------
+
+    fn capture_info(&self, s: MockStream) -> Result<CaptureInfo<MockNode>, BackendError> {
+        let i = self.stream_idx("capture_info", s)?;
+        let st = &self.streams[i];
+        let Some(id) = st.capture else {
+            return Ok(CaptureInfo::none());
+        };
+        Ok(match self.captures.get(&id) {
+            Some(c) if c.status == CaptureStatus::Active => CaptureInfo {
+                status: CaptureStatus::Active,
+                id,
+                terminals: st
+                    .terminals
+                    .iter()
+                    .map(|&index| MockNode { capture: id, index })
+                    .collect(),
+            },
+            Some(_) => CaptureInfo {
+                status: CaptureStatus::Invalidated,
+                id,
+                terminals: Vec::new(),
+            },
+            None => CaptureInfo::none(),
+        })
+    }
+
+    fn node_dependencies(&mut self, node: MockNode) -> Result<Vec<MockNode>, BackendError> {
+        let map = |deps: &[u32]| {
+            deps.iter()
+                .map(|&index| MockNode {
+                    capture: node.capture,
+                    index,
+                })
+                .collect()
+        };
+        let bad = |what: &str| {
+            err(
+                "node_dependencies",
+                codes::INVALID_VALUE,
+                format!("{node:?}: {what}"),
+            )
+        };
+        if let Some(c) = self.captures.get(&node.capture) {
+            return c
+                .nodes
+                .get(node.index as usize)
+                .map(|n| map(&n.deps))
+                .ok_or_else(|| bad("no such node in the capturing graph"));
+        }
+        match self.graphs.get(&node.capture).map(Weak::upgrade) {
+            Some(Some(g)) => g
+                .nodes
+                .get(node.index as usize)
+                .map(|n| map(&n.deps))
+                .ok_or_else(|| bad("no such node in the graph")),
+            Some(None) => {
+                self.graphs.remove(&node.capture);
+                Err(bad("its graph was destroyed"))
+            }
+            None => Err(bad("unknown capture")),
+        }
+    }
+
+    fn capturing_id(&self, call: &'static str, i: usize) -> Result<u64, BackendError> {
+        match self.active_capture(call, i)? {
+            Some(id) => Ok(id),
+            None => Err(err(
+                call,
+                codes::ILLEGAL_STATE,
+                format!("stream{i} is not capturing"),
+            )),
+        }
+    }
+
+    fn add_empty_node(
+        &mut self,
+        s: MockStream,
+        deps: &[MockNode],
+    ) -> Result<MockNode, BackendError> {
+        const CALL: &str = "add_empty_node";
+        let i = self.stream_idx(CALL, s)?;
+        let id = self.capturing_id(CALL, i)?;
+        let deps = self.check_nodes(CALL, id, deps)?;
+        let cap = self
+            .captures
+            .get_mut(&id)
+            .ok_or_else(|| err(CALL, codes::ILLEGAL_STATE, "capture vanished"))?;
+        let index = cap.nodes.len() as u32;
+        cap.nodes.push(GraphNode {
+            kind: NodeKind::Empty,
+            stream: None,
+            deps,
+            uses: Vec::new(),
+        });
+        Ok(MockNode { capture: id, index })
+    }
+
+    fn update_capture_dependencies(
+        &mut self,
+        s: MockStream,
+        nodes: &[MockNode],
+        mode: DependencyUpdate,
+    ) -> Result<(), BackendError> {
+        const CALL: &str = "update_capture_dependencies";
+        let i = self.stream_idx(CALL, s)?;
+        let id = self.capturing_id(CALL, i)?;
+        let nodes = self.check_nodes(CALL, id, nodes)?;
+        let t = &mut self.streams[i].terminals;
+        if mode == DependencyUpdate::Set {
+            t.clear();
+        }
+        push_unique(t, nodes);
+        Ok(())
+    }
+
+    fn begin_capture(&mut self, s: MockStream) -> Result<u64, BackendError> {
+        const CALL: &str = "begin_capture";
+        let i = self.stream_idx(CALL, s)?;
+        if i == 0 {
+            return Err(err(
+                CALL,
+                codes::STREAM_CAPTURE_UNSUPPORTED,
+                "the legacy default stream cannot be captured",
+            ));
+        }
+        if let Some(id) = self.streams[i].capture {
+            return Err(err(
+                CALL,
+                codes::ILLEGAL_STATE,
+                format!("{s} is already capturing (capture {id})"),
+            ));
+        }
+        let id = self.next_capture;
+        self.next_capture += 1;
+        self.captures.insert(
+            id,
+            CaptureState {
+                origin: i,
+                status: CaptureStatus::Active,
+                reason: None,
+                nodes: Vec::new(),
+                members: BTreeSet::from([i]),
+                shadow: PieceMap::default(),
+            },
+        );
+        let st = &mut self.streams[i];
+        st.capture = Some(id);
+        st.terminals.clear();
+        Ok(id)
+    }
+
+    fn end_capture(&mut self, s: MockStream) -> Result<MockGraph, BackendError> {
+        const CALL: &str = "end_capture";
+        let i = self.stream_idx(CALL, s)?;
+        let Some(id) = self.streams[i].capture else {
+            return Err(err(
+                CALL,
+                codes::ILLEGAL_STATE,
+                format!("{s} is not capturing"),
+            ));
+        };
+        let origin = self.captures.get(&id).map_or(i, |c| c.origin);
+        if origin != i {
+            let reason = format!("end_capture on {s}, but capture {id} began on stream{origin}");
+            self.invalidate(id, reason.clone());
+            return Err(err(CALL, codes::STREAM_CAPTURE_UNMATCHED, reason));
+        }
+        let Some(cap) = self.captures.remove(&id) else {
+            self.streams[i].capture = None;
+            return Err(err(CALL, codes::ILLEGAL_STATE, "capture vanished"));
+        };
+        // Ancestors-or-self of the origin's terminals.
+        let mut joined = vec![false; cap.nodes.len()];
+        let mut stack: Vec<u32> = self.streams[i].terminals.clone();
+        while let Some(n) = stack.pop() {
+            if let Some(j) = joined.get_mut(n as usize)
+                && !*j
+            {
+                *j = true;
+                stack.extend(cap.nodes[n as usize].deps.iter().copied());
+            }
+        }
+        let mut unjoined = None;
+        for &m in &cap.members {
+            let st = &mut self.streams[m];
+            if m != i
+                && unjoined.is_none()
+                && st
+                    .terminals
+                    .iter()
+                    .any(|&t| !joined.get(t as usize).copied().unwrap_or(false))
+            {
+                unjoined = Some(m);
+            }
+            st.capture = None;
+            st.terminals.clear();
+        }
+        if cap.status != CaptureStatus::Active {
+            return Err(err(
+                CALL,
+                codes::STREAM_CAPTURE_INVALIDATED,
+                format!(
+                    "capture {id} was invalidated: {}",
+                    cap.reason.as_deref().unwrap_or("unknown reason")
+                ),
+            ));
+        }
+        if let Some(m) = unjoined {
+            return Err(err(
+                CALL,
+                codes::STREAM_CAPTURE_UNJOINED,
+                format!("stream{m} forked into capture {id} and was not joined back into {s}"),
+            ));
+        }
+        let data = Arc::new(GraphData {
+            capture_id: id,
+            nodes: cap.nodes,
+        });
+        self.graphs.retain(|_, w| w.strong_count() > 0);
+        self.graphs.insert(id, Arc::downgrade(&data));
+        Ok(MockGraph { data })
+    }
+}
+
+fn site(x: &Access, capture: Option<u64>) -> UseSite {
+    let at = match (x.who, capture) {
+        (Who::Work { stream, pos }, _) => Submitted::Work {
+            stream: MockStream(stream),
+            seq: pos,
+        },
+        (Who::Node(index), c) => Submitted::Node(MockNode {
+            capture: c.unwrap_or(0),
+            index,
+        }),
+    };
+    UseSite {
+        stream: MockStream(x.stream),
+        at,
+        tag: x.tag,
+        addr: x.addr,
+        len: x.len,
+    }
+}
+
+fn make_race(earlier: &Access, later: &Access, capture: Option<u64>) -> Race {
+    Race {
+        earlier: site(earlier, capture),
+        later: site(later, capture),
+        overlap: (
+            earlier.addr.max(later.addr),
+            (earlier.addr + earlier.len).min(later.addr + later.len),
+        ),
+        capture_id: capture,
+    }
+}
+
+/// Checks a use of node `idx` against the other uses of the capture's graph:
+/// overlapping uses with another tag must be ancestors of `idx`.
+fn check_capture_use(
+    cap: &mut CaptureState,
+    id: u64,
+    idx: u32,
+    stream: usize,
+    u: &MemUse,
+    use_id: u64,
+    races: &mut Vec<Race>,
+) {
+    let new = Access {
+        who: Who::Node(idx),
+        stream: stream as u32,
+        tag: u.tag,
+        addr: u.addr,
+        len: u.len,
+        id: use_id,
+    };
+    let mut cands: Vec<Access> = Vec::new();
+    cap.shadow
+        .visit_insert(u.addr, u.addr + u.len, new, true, |x| {
+            if x.tag != u.tag && x.who != new.who && !cands.iter().any(|c| c.id == x.id) {
+                cands.push(*x);
+            }
+            true
+        });
+    if cands.is_empty() {
+        return;
+    }
+    let mut targets: HashSet<u32> = cands
+        .iter()
+        .filter_map(|c| match c.who {
+            Who::Node(n) => Some(n),
+            Who::Work { .. } => None,
+        })
+        .collect();
+    let mut found: HashSet<u32> = HashSet::new();
+    let mut seen = vec![false; cap.nodes.len()];
+    let mut stack = vec![idx];
+    while let Some(n) = stack.pop() {
+        if targets.is_empty() {
+            break;
+        }
+        for &d in &cap.nodes[n as usize].deps {
+            if let Some(s) = seen.get_mut(d as usize)
+                && !*s
+            {
+                *s = true;
+                if targets.remove(&d) {
+                    found.insert(d);
+                }
+                stack.push(d);
+            }
+        }
+    }
+    for c in &cands {
+        if let Who::Node(n) = c.who
+            && !found.contains(&n)
+        {
+            races.push(make_race(c, &new, Some(id)));
+        }
+    }
+}
+
+/// A simulated device. Cheap to clone: clones share one device, so a test
+/// keeps a handle while the engine owns another.
+///
+/// See the [crate documentation](crate) for the model.
+#[derive(Clone)]
+pub struct MockBackend {
+    device: DeviceIndex,
+    inner: Arc<Mutex<State>>,
+}
+
+impl fmt::Debug for MockBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let st = self.inner.lock();
+        f.debug_struct("MockBackend")
+            .field("device", &self.device)
+            .field("placement", &st.placement)
+            .field("capacity", &st.capacity)
+            .field("live_bytes", &st.live)
+            .field("segments", &st.segments.len())
+            .field("streams", &st.streams.len())
+            .field("events", &st.events.len())
+            .field("captures_underway", &st.captures.len())
+            .field("races", &st.races.len())
+            .finish()
+    }
+}
+
+impl MockBackend {
+    /// A device of `capacity_bytes` with the defaults of [`MockConfig::new`].
+    pub fn new(capacity_bytes: u64) -> Self {
+        Self::with_config(MockConfig::new(capacity_bytes))
+    }
+
+    /// A device built from `config`.
+    pub fn with_config(config: MockConfig) -> Self {
+        Self {
+            device: config.device,
+            inner: Arc::new(Mutex::new(State::new(&config))),
+        }
+    }
+
+    /// Runs `f` under the lock, counting an error if it fails.
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut State) -> Result<T, BackendError>,
+    ) -> Result<T, BackendError> {
+        let mut st = self.inner.lock();
+        let r = f(&mut st);
+        if r.is_err() {
+            st.counters.errors += 1;
+        }
+        r
+    }
+
+    // ----- device and memory ---------------------------------------------
+
+    /// The placement policy.
+    pub fn placement(&self) -> Placement {
+        self.inner.lock().placement
+    }
+
+    /// `(base, size)` of the simulated address range.
+    pub fn address_range(&self) -> (u64, u64) {
+        let st = self.inner.lock();
+        (st.space.base(), st.space.end() - st.space.base())
+    }
+
+    /// Device capacity in bytes.
+    pub fn capacity(&self) -> u64 {
+        self.inner.lock().capacity
+    }
+
+    /// Changes the capacity; it may drop below the live bytes (then every
+    /// `malloc` fails with OOM until enough is freed).
+    pub fn set_capacity(&self, bytes: u64) {
+        self.inner.lock().capacity = bytes;
+    }
+
+    /// Simulates `bytes` used by other processes: they count against the
+    /// capacity and are not reported free.
+    pub fn set_external_usage(&self, bytes: u64) {
+        self.inner.lock().external = bytes;
+    }
+
+    /// Bytes in live segments.
+    pub fn live_bytes(&self) -> u64 {
+        self.inner.lock().live
+    }
+
+    /// Live segments as `(address, size)`, by address.
+    pub fn live_segments(&self) -> Vec<(u64, u64)> {
+        self.inner
+            .lock()
+            .segments
+            .iter()
+            .map(|(&a, &s)| (a, s))
+            .collect()
+    }
+
+    /// Number of live segments.
+    pub fn segment_count(&self) -> usize {
+        self.inner.lock().segments.len()
+    }
+
+    // ----- failure injection ----------------------------------------------
+
+    /// Makes the `n`-th future `malloc` call (1 = the next one) fail with
+    /// `DeviceAllocError::OutOfMemory`. `n = 0` is ignored.
+    pub fn fail_malloc_at(&self, n: u64) {
+        self.fail_malloc_at_with(n, MallocFailure::OutOfMemory);
+    }
+
+    /// Makes the `n`-th future `malloc` call fail the given way.
+    pub fn fail_malloc_at_with(&self, n: u64, failure: MallocFailure) {
+        if n == 0 {
+            return;
+        }
+        let mut st = self.inner.lock();
+        let at = st.malloc_calls + n;
+        st.malloc_failures.insert(at, failure);
+    }
+
+    /// Makes the `n`-th future `create_event` call fail (code [`codes::INJECTED`]).
+    pub fn fail_create_event_at(&self, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let mut st = self.inner.lock();
+        let at = st.event_calls + n;
+        st.event_failures.insert(at);
+    }
+
+    /// Makes the `n`-th future `free` call fail (code [`codes::INJECTED`]);
+    /// the segment stays allocated.
+    pub fn fail_free_at(&self, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let mut st = self.inner.lock();
+        let at = st.free_calls + n;
+        st.free_failures.insert(at);
+    }
+
+    /// Cancels every pending injected failure.
+    pub fn clear_failures(&self) {
+        let mut st = self.inner.lock();
+        st.malloc_failures.clear();
+        st.event_failures.clear();
+        st.free_failures.clear();
+    }
+
+    // ----- counters ------------------------------------------------------
+
+    /// Call counters since creation or the last [`Self::reset_counters`].
+    pub fn counters(&self) -> MockCounters {
+        self.inner.lock().counters
+    }
+
+    /// Zeroes the call counters.
+    pub fn reset_counters(&self) {
+        self.inner.lock().counters = MockCounters::default();
+    }
+
+    /// Number of events created and not destroyed.
+    pub fn live_events(&self) -> usize {
+        self.inner.lock().events.len()
+    }
+
+    // ----- streams and work ------------------------------------------------
+
+    /// Creates a new (non-blocking) stream.
+    pub fn create_stream(&self) -> MockStream {
+        let mut st = self.inner.lock();
+        st.streams.push(StreamState::default());
+        MockStream((st.streams.len() - 1) as u32)
+    }
+
+    /// Number of streams, the default one included.
+    pub fn stream_count(&self) -> usize {
+        self.inner.lock().streams.len()
+    }
+
+    /// Submits one unit of work (a kernel touching no tracked memory). In a
+    /// capture it adds a kernel node instead.
+    pub fn launch(&self, stream: MockStream) -> Result<Submitted, BackendError> {
+        self.with(|st| {
+            let i = st.stream_idx("launch", stream)?;
+            st.submit("launch", i, NodeKind::Kernel, Vec::new())
+        })
+    }
+
+    /// Submits one unit of work on `stream` that touches `[addr, addr+len)`
+    /// on behalf of allocation `tag`, and checks it for races. The range
+    /// must lie inside one live segment and `len` must not be 0.
+    pub fn use_memory(
+        &self,
+        stream: MockStream,
+        addr: u64,
+        len: u64,
+        tag: u64,
+    ) -> Result<Submitted, BackendError> {
+        self.use_memory_multi(stream, &[MemUse { addr, len, tag }])
+    }
+
+    /// Like [`Self::use_memory`] for one kernel touching several ranges.
+    pub fn use_memory_multi(
+        &self,
+        stream: MockStream,
+        uses: &[MemUse],
+    ) -> Result<Submitted, BackendError> {
+        self.with(|st| {
+            let i = st.stream_idx("use_memory", stream)?;
+            st.submit("use_memory", i, NodeKind::Kernel, uses.to_vec())
+        })
+    }
+
+    /// Launches `graph` on `stream`: outside capture, one unit of work
+    /// carrying every use of the graph (checked against other streams'
+    /// work); inside a capture, one child-graph node. Every use must still
+    /// lie in a live segment.
+    pub fn launch_graph(
+        &self,
+        graph: &MockGraph,
+        stream: MockStream,
+    ) -> Result<Submitted, BackendError> {
+        let uses: Vec<MemUse> = graph.uses().into_iter().map(|(_, u)| u).collect();
+        self.with(|st| {
+            let i = st.stream_idx("launch_graph", stream)?;
+            st.submit("launch_graph", i, NodeKind::ChildGraph, uses)
+        })
+    }
+
+    /// Completes all work submitted so far on `stream` (and what it waits on).
+    pub fn complete(&self, stream: MockStream) -> Result<(), BackendError> {
+        self.with(|st| {
+            let i = st.stream_idx("complete", stream)?;
+            let p = st.streams[i].submitted;
+            st.complete_to(i, p);
+            Ok(())
+        })
+    }
+
+    /// Completes the next `n` pending units of work on `stream` (and what
+    /// they wait on).
+    pub fn complete_n(&self, stream: MockStream, n: u64) -> Result<(), BackendError> {
+        self.with(|st| {
+            let i = st.stream_idx("complete_n", stream)?;
+            let p = st.streams[i].completed.saturating_add(n);
+            st.complete_to(i, p);
+            Ok(())
+        })
+    }
+
+    /// Completes all submitted work on every stream.
+    pub fn complete_all(&self) {
+        self.inner.lock().complete_all();
+    }
+
+    /// Turns auto-completion on (completing everything pending now) or off.
+    pub fn set_auto_complete(&self, on: bool) {
+        let mut st = self.inner.lock();
+        st.auto_complete = on;
+        if on {
+            st.complete_all();
+        }
+    }
+
+    /// Whether work completes as soon as it is submitted.
+    pub fn auto_complete(&self) -> bool {
+        self.inner.lock().auto_complete
+    }
+
+    /// Units of work submitted on `stream` so far.
+    pub fn submitted(&self, stream: MockStream) -> Result<u64, BackendError> {
+        self.with(|st| {
+            let i = st.stream_idx("submitted", stream)?;
+            Ok(st.streams[i].submitted)
+        })
+    }
+
+    /// Units of work completed on `stream` so far.
+    pub fn completed(&self, stream: MockStream) -> Result<u64, BackendError> {
+        self.with(|st| {
+            let i = st.stream_idx("completed", stream)?;
+            Ok(st.streams[i].completed)
+        })
+    }
+
+    /// Units of work submitted on `stream` and not completed.
+    pub fn pending(&self, stream: MockStream) -> Result<u64, BackendError> {
+        self.with(|st| {
+            let i = st.stream_idx("pending", stream)?;
+            let s = &st.streams[i];
+            Ok(s.submitted - s.completed)
+        })
+    }
+
+    /// Host waits for `stream` (`cudaStreamSynchronize`): completes its
+    /// work. On a stream in a capture it fails and invalidates the capture.
+    pub fn synchronize_stream(&self, stream: MockStream) -> Result<(), BackendError> {
+        self.with(|st| {
+            const CALL: &str = "synchronize_stream";
+            let i = st.stream_idx(CALL, stream)?;
+            if let Some(id) = st.streams[i].capture {
+                let reason = format!("synchronize_stream on capturing {stream}");
+                st.invalidate(id, reason.clone());
+                return Err(err(CALL, codes::STREAM_CAPTURE_UNSUPPORTED, reason));
+            }
+            let p = st.streams[i].submitted;
+            st.complete_to(i, p);
+            Ok(())
+        })
+    }
+
+    // ----- race checker ------------------------------------------------------
+
+    /// Every race found so far, in discovery order.
+    pub fn races(&self) -> Vec<Race> {
+        self.inner.lock().races.clone()
+    }
+
+    /// Number of races found so far.
+    pub fn race_count(&self) -> usize {
+        self.inner.lock().races.len()
+    }
+
+    /// Forgets the races found so far (the recorded uses stay).
+    pub fn clear_races(&self) {
+        self.inner.lock().races.clear();
+    }
+
+    /// Turns race checking on or off (off: uses are neither checked nor kept).
+    pub fn set_race_checking(&self, on: bool) {
+        let mut st = self.inner.lock();
+        st.race_checking = on;
+        if !on {
+            st.shadow.clear();
+        }
+    }
+
+    /// Number of eager uses the race checker still keeps (for tests of its
+    /// pruning); a use spanning k address pieces counts k times.
+    pub fn tracked_uses(&self) -> usize {
+        self.inner.lock().shadow.access_count()
+    }
+
+    // ----- capture -------------------------------------------------------
+
+    /// Begins capturing `stream` into a new graph; returns the capture id
+    /// (from 1). Fails on the default stream or a stream already in a capture.
+    pub fn begin_capture(&self, stream: MockStream) -> Result<u64, BackendError> {
+        self.with(|st| {
+            st.counters.begin_capture += 1;
+            st.begin_capture(stream)
+        })
+    }
+
+    /// Ends the capture `stream` began and returns its graph. Every stream
+    /// of the capture stops capturing, even on error. Errors: not capturing
+    /// ([`codes::ILLEGAL_STATE`]); `stream` did not begin the capture
+    /// ([`codes::STREAM_CAPTURE_UNMATCHED`], invalidates it, the capture
+    /// continues); the capture was invalidated
+    /// ([`codes::STREAM_CAPTURE_INVALIDATED`]); a forked stream has a
+    /// terminal node that is not an ancestor of the origin's terminals
+    /// ([`codes::STREAM_CAPTURE_UNJOINED`]).
+    pub fn end_capture(&self, stream: MockStream) -> Result<MockGraph, BackendError> {
+        self.with(|st| {
+            st.counters.end_capture += 1;
+            st.end_capture(stream)
+        })
+    }
+
+    /// Invalidates the capture `stream` belongs to, as a misuse would.
+    pub fn invalidate_capture(&self, stream: MockStream) -> Result<(), BackendError> {
+        self.with(|st| {
+            let i = st.stream_idx("invalidate_capture", stream)?;
+            let Some(id) = st.streams[i].capture else {
+                return Err(err(
+                    "invalidate_capture",
+                    codes::ILLEGAL_STATE,
+                    format!("{stream} is not capturing"),
+                ));
+            };
+            st.invalidate(id, "invalidated by the test");
+            Ok(())
+        })
+    }
+
+    /// Why the capture of `stream` was invalidated, if it was.
+    pub fn invalidation_reason(&self, stream: MockStream) -> Option<String> {
+        let st = self.inner.lock();
+        let id = st.streams.get(stream.0 as usize)?.capture?;
+        st.captures.get(&id)?.reason.clone()
+    }
+
+    /// Number of captures begun and not yet ended (active or invalidated).
+    pub fn captures_underway(&self) -> usize {
+        self.inner.lock().captures.len()
+    }
+
+    /// Number of nodes in the graph the capture of `stream` is building.
+    pub fn capture_node_count(&self, stream: MockStream) -> Option<usize> {
+        let st = self.inner.lock();
+        let id = st.streams.get(stream.0 as usize)?.capture?;
+        Some(st.captures.get(&id)?.nodes.len())
+    }
+}
+
+impl Backend for MockBackend {
+    type Stream = MockStream;
+    type Event = MockEvent;
+    type Ptr = u64;
+    type Node = MockNode;
+
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn device(&self) -> DeviceIndex {
+        self.device
+    }
+
+    fn default_stream(&self) -> MockStream {
+        MockStream::DEFAULT
+    }
+
+    fn malloc(&self, size: u64) -> Result<u64, DeviceAllocError> {
+        let mut st = self.inner.lock();
+        st.counters.malloc += 1;
+        if !st.captures.is_empty() {
+            st.counters.malloc_during_capture += 1;
+        }
+        let r = st.malloc(size);
+        if r.is_err() {
+            st.counters.malloc_failed += 1;
+            st.counters.errors += 1;
+        }
+        r
+    }
+
+    fn free(&self, ptr: u64, size: u64) -> Result<(), BackendError> {
+        self.with(|st| {
+            st.counters.free += 1;
+            if !st.captures.is_empty() {
+                st.counters.free_during_capture += 1;
+            }
+            let r = st.free(ptr, size);
+            if r.is_err() {
+                st.counters.free_failed += 1;
+            }
+            r
+        })
+    }
+
+    fn memory_info(&self) -> Result<MemoryInfo, BackendError> {
+        self.with(|st| {
+            st.counters.memory_info += 1;
+            Ok(MemoryInfo {
+                free: st
+                    .capacity
+                    .saturating_sub(st.live.saturating_add(st.external)),
+                total: st.capacity,
+            })
+        })
+    }
+
+    fn create_event(&self) -> Result<MockEvent, BackendError> {
+        self.with(|st| {
+            st.counters.create_event += 1;
+            let r = st.create_event();
+            if r.is_err() {
+                st.counters.create_event_failed += 1;
+            }
+            r
+        })
+    }
+
+    fn destroy_event(&self, event: MockEvent) -> Result<(), BackendError> {
+        self.with(|st| {
+            st.counters.destroy_event += 1;
+            st.destroy_event(&event)
+        })
+    }
+
+    fn record_event(&self, event: &MockEvent, stream: MockStream) -> Result<(), BackendError> {
+        self.with(|st| {
+            st.counters.record_event += 1;
+            st.record_event(event, stream)
+        })
+    }
+
+    fn query_event(&self, event: &MockEvent) -> Result<bool, BackendError> {
+        self.with(|st| {
+            st.counters.query_event += 1;
+            st.query_event(event)
+        })
+    }
+
+    fn synchronize_event(&self, event: &MockEvent) -> Result<(), BackendError> {
+        self.with(|st| {
+            st.counters.synchronize_event += 1;
+            st.synchronize_event(event)
+        })
+    }
+
+    fn stream_wait_event(&self, stream: MockStream, event: &MockEvent) -> Result<(), BackendError> {
+        self.with(|st| {
+            st.counters.stream_wait_event += 1;
+            st.stream_wait_event(stream, event)
+        })
+    }
+
+    fn synchronize_device(&self) -> Result<(), BackendError> {
+        self.with(|st| {
+            st.counters.synchronize_device += 1;
+            st.synchronize_device()
+        })
+    }
+
+    fn supports_capture(&self) -> bool {
+        true
+    }
+
+    fn capture_info(&self, stream: MockStream) -> Result<CaptureInfo<MockNode>, BackendError> {
+        self.with(|st| {
+            st.counters.capture_info += 1;
+            st.capture_info(stream)
+        })
+    }
+
+    fn node_dependencies(&self, node: MockNode) -> Result<Vec<MockNode>, BackendError> {
+        self.with(|st| {
+            st.counters.node_dependencies += 1;
+            st.node_dependencies(node)
+        })
+    }
+
+    fn add_empty_node(
+        &self,
+        stream: MockStream,
+        deps: &[MockNode],
+    ) -> Result<MockNode, BackendError> {
+        self.with(|st| {
+            st.counters.add_empty_node += 1;
+            st.add_empty_node(stream, deps)
+        })
+    }
+
+    fn update_capture_dependencies(
+        &self,
+        stream: MockStream,
+        nodes: &[MockNode],
+        mode: DependencyUpdate,
+    ) -> Result<(), BackendError> {
+        self.with(|st| {
+            st.counters.update_capture_dependencies += 1;
+            st.update_capture_dependencies(stream, nodes, mode)
+        })
+    }
+}

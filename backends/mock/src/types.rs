@@ -1,0 +1,235 @@
+//! Small public value types of the mock: streams, events, work handles,
+//! memory uses, races, counters, failure kinds and error codes.
+
+use std::fmt;
+
+use crate::graph::MockNode;
+
+/// A simulated stream. Stream 0 is the default (legacy) stream; others come
+/// from [`crate::MockBackend::create_stream`]. Using an index the backend
+/// never created is an error, never a panic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct MockStream(pub u32);
+
+impl MockStream {
+    /// The default stream (index 0).
+    pub const DEFAULT: MockStream = MockStream(0);
+
+    /// The stream's index.
+    pub fn index(self) -> u32 {
+        self.0
+    }
+}
+
+impl fmt::Display for MockStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "stream{}", self.0)
+    }
+}
+
+/// A simulated event handle. `Clone` so that tests can exercise misuse
+/// (using a destroyed event is a [`cachalot_core::BackendError`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct MockEvent {
+    pub(crate) instance: u64,
+    pub(crate) id: u64,
+}
+
+impl MockEvent {
+    /// The event's id, unique within its backend (starts at 1).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+/// What one submission produced: an eager work item or a captured node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Submitted {
+    /// Work item `seq` (1-based, per stream) on `stream`, outside capture.
+    Work {
+        /// The stream.
+        stream: MockStream,
+        /// 1-based position of the work item on that stream.
+        seq: u64,
+    },
+    /// A node added to the graph of a capture.
+    Node(MockNode),
+}
+
+impl fmt::Display for Submitted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Submitted::Work { stream, seq } => write!(f, "work #{seq} on {stream}"),
+            Submitted::Node(n) => write!(f, "node {} of capture {}", n.index(), n.capture_id()),
+        }
+    }
+}
+
+/// One memory use: `[addr, addr + len)` touched on behalf of allocation `tag`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MemUse {
+    /// First byte.
+    pub addr: u64,
+    /// Number of bytes (never 0).
+    pub len: u64,
+    /// Allocation tag chosen by the harness.
+    pub tag: u64,
+}
+
+/// One side of a race.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UseSite {
+    /// The stream the use was issued on.
+    pub stream: MockStream,
+    /// The work item or graph node that performed it.
+    pub at: Submitted,
+    /// The use's allocation tag.
+    pub tag: u64,
+    /// First byte of the whole use.
+    pub addr: u64,
+    /// Length of the whole use.
+    pub len: u64,
+}
+
+/// Two uses of overlapping memory with different tags that are not ordered
+/// by happens-before (eager work) or by a path (inside one capture graph).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Race {
+    /// The use submitted first.
+    pub earlier: UseSite,
+    /// The use whose submission revealed the race.
+    pub later: UseSite,
+    /// The overlapping byte range `[start, end)` of the two uses.
+    pub overlap: (u64, u64),
+    /// The capture id when both uses are nodes of one capture graph.
+    pub capture_id: Option<u64>,
+}
+
+impl fmt::Display for Race {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "race on [{:#x}, {:#x}): tag {} ({} on {}) is unordered with tag {} ({} on {})",
+            self.overlap.0,
+            self.overlap.1,
+            self.earlier.tag,
+            self.earlier.at,
+            self.earlier.stream,
+            self.later.tag,
+            self.later.at,
+            self.later.stream,
+        )?;
+        if let Some(c) = self.capture_id {
+            write!(f, " in capture {c}")?;
+        }
+        Ok(())
+    }
+}
+
+/// How an injected allocation failure fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MallocFailure {
+    /// `DeviceAllocError::OutOfMemory`.
+    OutOfMemory,
+    /// `DeviceAllocError::Backend` with this code.
+    Backend(i64),
+}
+
+/// How strictly the mock polices host calls while a capture is underway
+/// (CUDA's `cudaStreamCaptureMode` of the capturing thread).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum CaptureMode {
+    /// CUDA's default: while any capture is active, `query_event` and
+    /// `synchronize_event` (on any event) fail and invalidate every active
+    /// capture. This is why PyTorch skips event processing during capture.
+    #[default]
+    Global,
+    /// Only operations on events recorded inside a capture and
+    /// synchronisation of capturing streams (or the device) are illegal.
+    Relaxed,
+}
+
+/// Number of calls of each backend entry point (failed calls included).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MockCounters {
+    /// `malloc` calls.
+    pub malloc: u64,
+    /// `malloc` calls that failed (any reason).
+    pub malloc_failed: u64,
+    /// `malloc` calls made while a capture was underway.
+    pub malloc_during_capture: u64,
+    /// `free` calls.
+    pub free: u64,
+    /// `free` calls that failed.
+    pub free_failed: u64,
+    /// `free` calls made while a capture was underway.
+    pub free_during_capture: u64,
+    /// `memory_info` calls.
+    pub memory_info: u64,
+    /// `create_event` calls.
+    pub create_event: u64,
+    /// `create_event` calls that failed.
+    pub create_event_failed: u64,
+    /// `destroy_event` calls.
+    pub destroy_event: u64,
+    /// `record_event` calls.
+    pub record_event: u64,
+    /// `query_event` calls.
+    pub query_event: u64,
+    /// `synchronize_event` calls.
+    pub synchronize_event: u64,
+    /// `stream_wait_event` calls.
+    pub stream_wait_event: u64,
+    /// `synchronize_device` calls.
+    pub synchronize_device: u64,
+    /// `capture_info` calls.
+    pub capture_info: u64,
+    /// `node_dependencies` calls.
+    pub node_dependencies: u64,
+    /// `add_empty_node` calls.
+    pub add_empty_node: u64,
+    /// `update_capture_dependencies` calls.
+    pub update_capture_dependencies: u64,
+    /// `begin_capture` calls.
+    pub begin_capture: u64,
+    /// `end_capture` calls.
+    pub end_capture: u64,
+    /// Submissions (`launch`, `use_memory`, `launch_graph`).
+    pub launches: u64,
+    /// Calls (of any kind above) that returned an error.
+    pub errors: u64,
+    /// Captures invalidated (by misuse or `invalidate_capture`).
+    pub captures_invalidated: u64,
+}
+
+/// Error codes the mock puts in [`cachalot_core::BackendError::code`]; the
+/// values are CUDA's `cudaError_t` values for the same conditions.
+pub mod codes {
+    /// Invalid argument (`cudaErrorInvalidValue`).
+    pub const INVALID_VALUE: i64 = 1;
+    /// Out of memory (`cudaErrorMemoryAllocation`); only in messages, OOM is
+    /// reported as `DeviceAllocError::OutOfMemory`.
+    pub const MEMORY_ALLOCATION: i64 = 2;
+    /// Pointer not allocated by this device (`cudaErrorInvalidDevicePointer`).
+    pub const INVALID_DEVICE_POINTER: i64 = 17;
+    /// Unknown or destroyed stream or event (`cudaErrorInvalidResourceHandle`).
+    pub const INVALID_RESOURCE_HANDLE: i64 = 400;
+    /// Call illegal in the stream's state (`cudaErrorIllegalState`).
+    pub const ILLEGAL_STATE: i64 = 401;
+    /// Operation not permitted while capturing (`cudaErrorStreamCaptureUnsupported`).
+    pub const STREAM_CAPTURE_UNSUPPORTED: i64 = 900;
+    /// The capture was invalidated (`cudaErrorStreamCaptureInvalidated`).
+    pub const STREAM_CAPTURE_INVALIDATED: i64 = 901;
+    /// Two independent captures would merge (`cudaErrorStreamCaptureMerge`).
+    pub const STREAM_CAPTURE_MERGE: i64 = 902;
+    /// Capture ended on a stream that did not begin it (`cudaErrorStreamCaptureUnmatched`).
+    pub const STREAM_CAPTURE_UNMATCHED: i64 = 903;
+    /// A forked stream was not joined back (`cudaErrorStreamCaptureUnjoined`).
+    pub const STREAM_CAPTURE_UNJOINED: i64 = 904;
+    /// Dependency on uncaptured work (`cudaErrorStreamCaptureIsolation`).
+    pub const STREAM_CAPTURE_ISOLATION: i64 = 905;
+    /// Operation on an event recorded in a capture (`cudaErrorCapturedEvent`).
+    pub const CAPTURED_EVENT: i64 = 907;
+    /// A failure injected by the test (`cudaErrorUnknown`).
+    pub const INJECTED: i64 = 999;
+}
