@@ -515,6 +515,8 @@ impl Backend for HipBackend {
 }
 
 #[cfg(test)]
+mod engine_tests;
+#[cfg(test)]
 mod fake;
 #[cfg(test)]
 mod fake_tests;

@@ -526,6 +526,8 @@ impl Backend for LevelZeroBackend {
 }
 
 #[cfg(test)]
+mod engine_tests;
+#[cfg(test)]
 mod fake;
 #[cfg(test)]
 mod fake_tests;
