@@ -101,11 +101,11 @@ fn random_run(dev: &MockBackend, seed: u64) -> Vec<u64> {
     let mut out = Vec::new();
     for _ in 0..2000 {
         let r = lcg(&mut x);
-        if r % 3 == 0 && !live.is_empty() {
+        if r.is_multiple_of(3) && !live.is_empty() {
             let (p, s) = live.swap_remove((r as usize / 3) % live.len());
             dev.free(p, s).unwrap();
         } else {
-            let size = if r % 2 == 0 {
+            let size = if r.is_multiple_of(2) {
                 ((r >> 8) % 64 + 1) * 2 * M
             } else {
                 ((r >> 8) % 4096 + 1) * 512
