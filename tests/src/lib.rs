@@ -1,1 +1,77 @@
-//! placeholder
+//! # cachalot-conformance
+//!
+//! One conformance suite that every backend runs ([`suite`]), generic over
+//! the backend through [`Harness`], plus the mock-only helpers of the engine's
+//! spec, parity and property tests ([`mock`]).
+//!
+//! The suite runs on the mock always; on CUDA, HIP and Level Zero when the
+//! crate is built with that feature *and* a device is present, and prints
+//! `skipped: <reason>` otherwise.
+
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod mock;
+pub mod suite;
+
+use std::path::PathBuf;
+
+use cachalot_core::{AllocatorConfig, Backend, CachingAllocator};
+
+/// The repository root (where `traces/` lives).
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// What the conformance suite needs from a backend beyond the [`Backend`]
+/// trait: making streams, and making a stream slow so that cross-stream
+/// reuse can be observed.
+pub trait Harness: Sized {
+    /// The backend under test.
+    type B: Backend;
+    /// An owned stream (kept alive by the test).
+    type OwnedStream;
+
+    /// Short name for messages.
+    fn name(&self) -> &'static str;
+    /// A fresh backend instance on device 0.
+    fn backend(&self) -> Self::B;
+    /// A new stream on `backend`.
+    fn new_stream(&self, backend: &Self::B) -> Self::OwnedStream;
+    /// The handle of an owned stream.
+    fn handle(&self, s: &Self::OwnedStream) -> <Self::B as Backend>::Stream;
+    /// Enqueues work on `stream` that keeps it busy until [`Harness::release`]
+    /// (mock) or for a while (real devices: a sleeping host function).
+    fn make_busy(&self, backend: &Self::B, stream: <Self::B as Backend>::Stream);
+    /// Lets the busy work of `stream` finish and waits for it.
+    fn release(&self, backend: &Self::B, stream: <Self::B as Backend>::Stream);
+    /// Whether `stream` still has unfinished work (an event recorded now is
+    /// not complete).
+    fn is_busy(&self, backend: &Self::B, stream: <Self::B as Backend>::Stream) -> bool {
+        let e = backend.create_event().expect("event");
+        backend.record_event(&e, stream).expect("record");
+        let done = backend.query_event(&e).expect("query");
+        backend.destroy_event(e).expect("destroy");
+        !done
+    }
+    /// Writes `value` into `len` bytes at `addr` on `stream` (no-op on the mock
+    /// except for recording the use).
+    fn fill(
+        &self,
+        backend: &Self::B,
+        addr: u64,
+        len: u64,
+        value: u8,
+        stream: <Self::B as Backend>::Stream,
+    );
+    /// Reads back `len` bytes at `addr` after synchronizing (None on the mock).
+    fn read(&self, backend: &Self::B, addr: u64, len: u64) -> Option<Vec<u8>>;
+
+    /// An allocator over a fresh backend.
+    fn allocator(&self, config: &str) -> CachingAllocator<Self::B> {
+        let config = AllocatorConfig::parse(config).expect("test config parses");
+        CachingAllocator::with_config(self.backend(), config).expect("allocator")
+    }
+}

@@ -55,8 +55,7 @@ impl<B: Backend> Inner<B> {
                         let pool = self.pools[b.pool as usize]
                             .as_ref()
                             .ok_or("free block in a deleted pool")?;
-                        if pool.get_ref(b.small).free.get(&(b.stream, b.size, b.addr)) != Some(&id)
-                        {
+                        if pool.get_ref(b.small).free.get(b.stream, b.size, b.addr) != Some(id) {
                             return Err(format!("free block {id} missing from its pool"));
                         }
                         if b.is_split() {

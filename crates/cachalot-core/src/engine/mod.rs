@@ -278,8 +278,8 @@ impl<B: Backend> CachingAllocator<B> {
         g.pools
             .iter()
             .flatten()
-            .flat_map(|p| p.small.free.keys().chain(p.large.free.keys()))
-            .map(|k| k.1)
+            .flat_map(|p| p.small.free.iter().chain(p.large.free.iter()))
+            .map(|e| e.1)
             .max()
             .unwrap_or(0)
     }

@@ -89,16 +89,121 @@ impl<S> Block<S> {
     }
 }
 
-/// One ordered free set, keyed by (stream, size, address) as PyTorch's.
+#[inline]
+fn fkey(size: u64, addr: u64) -> u128 {
+    ((size as u128) << 64) | addr as u128
+}
+
+#[inline]
+fn unkey(k: u128) -> (u64, u64) {
+    ((k >> 64) as u64, k as u64)
+}
+
+/// Free blocks ordered by (stream, size, address) as PyTorch's free set:
+/// one ordered map per stream, keyed by `size << 64 | address`.
+pub(crate) struct FreeSet<S> {
+    streams: Vec<(S, BTreeMap<u128, BlockId>)>,
+    len: usize,
+}
+
+impl<S> Default for FreeSet<S> {
+    fn default() -> Self {
+        Self {
+            streams: Vec::new(),
+            len: 0,
+        }
+    }
+}
+
+impl<S: Copy + Ord> FreeSet<S> {
+    #[inline]
+    fn map(&self, s: S) -> Option<&BTreeMap<u128, BlockId>> {
+        self.streams.iter().find(|e| e.0 == s).map(|e| &e.1)
+    }
+
+    #[inline]
+    fn map_mut(&mut self, s: S) -> &mut BTreeMap<u128, BlockId> {
+        let i = match self.streams.iter().position(|e| e.0 == s) {
+            Some(i) => i,
+            None => {
+                let at = self.streams.partition_point(|e| e.0 < s);
+                self.streams.insert(at, (s, BTreeMap::new()));
+                at
+            }
+        };
+        &mut self.streams[i].1
+    }
+
+    /// Inserts a free block.
+    #[inline]
+    pub fn insert(&mut self, s: S, size: u64, addr: u64, id: BlockId) {
+        if self.map_mut(s).insert(fkey(size, addr), id).is_none() {
+            self.len += 1;
+        }
+    }
+
+    /// Removes a free block.
+    #[inline]
+    pub fn remove(&mut self, s: S, size: u64, addr: u64) -> Option<BlockId> {
+        let r = self.map_mut(s).remove(&fkey(size, addr));
+        if r.is_some() {
+            self.len -= 1;
+        }
+        r
+    }
+
+    /// The block stored under this key.
+    pub fn get(&self, s: S, size: u64, addr: u64) -> Option<BlockId> {
+        self.map(s)?.get(&fkey(size, addr)).copied()
+    }
+
+    /// Smallest block of stream `s` with size ≥ `size`, lowest address first.
+    #[inline]
+    pub fn first_at_least(&self, s: S, size: u64) -> Option<(u64, u64, BlockId)> {
+        let (&k, &id) = self.map(s)?.range(fkey(size, 0)..).next()?;
+        let (sz, a) = unkey(k);
+        Some((sz, a, id))
+    }
+
+    /// Blocks of stream `s` with size in `[lo, hi)`, largest first.
+    pub fn range_desc(&self, s: S, lo: u64, hi: u64) -> Vec<(u64, u64, BlockId)> {
+        self.map(s).map_or_else(Vec::new, |m| {
+            m.range(fkey(lo, 0)..fkey(hi, 0))
+                .rev()
+                .map(|(&k, &id)| {
+                    let (sz, a) = unkey(k);
+                    (sz, a, id)
+                })
+                .collect()
+        })
+    }
+
+    /// Every block as (stream, size, address, id), in (stream, size, address) order.
+    pub fn iter(&self) -> impl Iterator<Item = (S, u64, u64, BlockId)> + '_ {
+        self.streams.iter().flat_map(|(s, m)| {
+            m.iter().map(move |(&k, &id)| {
+                let (sz, a) = unkey(k);
+                (*s, sz, a, id)
+            })
+        })
+    }
+
+    /// Number of free blocks.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+}
+
+/// One pool's free set and its GC counter.
 pub(crate) struct BlockPool<S> {
-    pub free: BTreeMap<(S, u64, u64), BlockId>,
+    pub free: FreeSet<S>,
     pub gc_calls: u64,
 }
 
 impl<S> Default for BlockPool<S> {
     fn default() -> Self {
         Self {
-            free: BTreeMap::new(),
+            free: FreeSet::default(),
             gc_calls: 0,
         }
     }
@@ -294,11 +399,11 @@ impl<B: Backend> Inner<B> {
     #[inline]
     fn insert_free(&mut self, id: BlockId) {
         let b = &self.blocks[id as usize];
-        let key = (b.stream, b.size, b.addr);
+        let (st, size, addr) = (b.stream, b.size, b.addr);
         let (pool, small) = (b.pool, b.small);
         let p = self.pool_mut(pool).get(small);
         let gc = p.gc_calls;
-        p.free.insert(key, id);
+        p.free.insert(st, size, addr, id);
         let b = &mut self.blocks[id as usize];
         b.gc_base = gc;
         b.state = BState::Free;
@@ -307,9 +412,9 @@ impl<B: Backend> Inner<B> {
     #[inline]
     pub(crate) fn remove_free(&mut self, id: BlockId) {
         let b = &self.blocks[id as usize];
-        let key = (b.stream, b.size, b.addr);
+        let (st, size, addr) = (b.stream, b.size, b.addr);
         let (pool, small) = (b.pool, b.small);
-        let removed = self.pool_mut(pool).get(small).free.remove(&key);
+        let removed = self.pool_mut(pool).get(small).free.remove(st, size, addr);
         debug_assert_eq!(removed, Some(id));
     }
 
@@ -356,17 +461,14 @@ impl<B: Backend> Inner<B> {
         if gc_on {
             pool.gc_calls += 1;
         }
-        let (&(s, bsize, baddr), &id) = pool.free.range((p.stream, p.size, 0)..).next()?;
-        if s != p.stream {
-            return None;
-        }
+        let (bsize, baddr, id) = pool.free.first_at_least(p.stream, p.size)?;
         if p.size < max_split && bsize >= max_split {
             return None;
         }
         if p.size >= max_split && bsize >= p.size.saturating_add(max_nsr) {
             return None;
         }
-        pool.free.remove(&(s, bsize, baddr));
+        pool.free.remove(p.stream, bsize, baddr);
         Some(id)
     }
 
@@ -602,7 +704,7 @@ impl<B: Backend> Inner<B> {
     /// Releases every unsplit free block of one block pool.
     fn release_blocks(&mut self, backend: &B, pool: PoolIdx, small: bool) -> Result<(), Error> {
         let ids: Vec<BlockId> = match self.pools[pool as usize].as_ref() {
-            Some(p) => p.get_ref(small).free.values().copied().collect(),
+            Some(p) => p.get_ref(small).free.iter().map(|e| e.3).collect(),
             None => return Ok(()),
         };
         for id in ids {
@@ -629,8 +731,8 @@ impl<B: Backend> Inner<B> {
             .expect("live pool")
             .get_ref(p.small);
         // a single block of this stream large enough?
-        if let Some((&(s, _, _), &id)) = pool.free.range((p.stream, target, 0)..).next() {
-            if s == p.stream && !self.blocks[id as usize].is_split() {
+        if let Some((_, _, id)) = pool.free.first_at_least(p.stream, target) {
+            if !self.blocks[id as usize].is_split() {
                 self.release_block(backend, id)?;
                 return Ok(true);
             }
@@ -638,9 +740,9 @@ impl<B: Backend> Inner<B> {
         // otherwise release oversize blocks of this stream, largest first
         let candidates: Vec<BlockId> = pool
             .free
-            .range((p.stream, max_split, 0)..(p.stream, target, 0))
-            .rev()
-            .map(|(_, &id)| id)
+            .range_desc(p.stream, max_split, target)
+            .into_iter()
+            .map(|e| e.2)
             .filter(|&id| !self.blocks[id as usize].is_split())
             .collect();
         let total: u64 = candidates
@@ -706,9 +808,10 @@ impl<B: Backend> Inner<B> {
         let calls = pool.gc_calls;
         let mut cands: Vec<(BlockId, u64)> = pool
             .free
-            .values()
-            .filter(|&&id| !self.blocks[id as usize].is_split())
-            .map(|&id| (id, calls - self.blocks[id as usize].gc_base))
+            .iter()
+            .map(|e| e.3)
+            .filter(|&id| !self.blocks[id as usize].is_split())
+            .map(|id| (id, calls - self.blocks[id as usize].gc_base))
             .collect();
         let mut total_age: u64 = cands.iter().map(|c| c.1).sum();
         let mut reclaimed = 0u64;
@@ -980,7 +1083,7 @@ impl<B: Backend> Inner<B> {
         for (i, pp) in self.pools.iter().enumerate() {
             let Some(pp) = pp else { continue };
             for (small, pool) in [(true, &pp.small), (false, &pp.large)] {
-                for (&(s, size, _), &id) in &pool.free {
+                for (s, size, _, id) in pool.free.iter() {
                     *per_stream.entry(format!("{s:?}")).or_default() += size;
                     if i == 0 {
                         let l = &mut largest[usize::from(!small)];

@@ -1,0 +1,230 @@
+//! The conformance suite: behaviour every backend must show under the
+//! engine. Each check panics with a message on failure.
+
+use cachalot_core::{Backend, Error};
+
+use crate::Harness;
+
+const MIB: u64 = 1 << 20;
+
+/// Every check of the suite, by name, for a test binary to run in turn.
+pub fn all<H: Harness>() -> Vec<(&'static str, fn(&H))> {
+    vec![
+        ("alloc_free_reuse", alloc_free_reuse::<H>),
+        ("data_survives_reuse", data_survives_reuse::<H>),
+        (
+            "record_stream_defers_reuse",
+            record_stream_defers_reuse::<H>,
+        ),
+        (
+            "empty_cache_returns_segments",
+            empty_cache_returns_segments::<H>,
+        ),
+        ("oom_is_typed", oom_is_typed::<H>),
+        ("bad_pointers_are_typed", bad_pointers_are_typed::<H>),
+        ("events_are_recycled", events_are_recycled::<H>),
+    ]
+}
+
+/// Runs every check, printing one line each, and returns (passed, failed).
+pub fn run_all<H: Harness>(h: &H) -> (usize, usize) {
+    let (mut passed, mut failed) = (0, 0);
+    for (name, f) in all::<H>() {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(h)));
+        match r {
+            Ok(()) => {
+                passed += 1;
+                println!("conformance[{}] {name}: ok", h.name());
+            }
+            Err(e) => {
+                failed += 1;
+                let msg = e
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                println!("conformance[{}] {name}: FAILED: {msg}", h.name());
+            }
+        }
+    }
+    (passed, failed)
+}
+
+fn check<B: Backend>(a: &cachalot_core::CachingAllocator<B>) {
+    a.check_invariants()
+        .unwrap_or_else(|e| panic!("invariant: {e}"));
+}
+
+/// A freed block is handed out again for the same size on the same stream,
+/// without a new device allocation.
+pub fn alloc_free_reuse<H: Harness>(h: &H) {
+    let a = h.allocator("");
+    let s = a.backend().default_stream();
+    let p = a.allocate(3 * MIB, s).expect("alloc");
+    assert_ne!(p, 0);
+    check(&a);
+    a.free(p).expect("free");
+    let q = a.allocate(3 * MIB, s).expect("alloc");
+    assert_eq!(p, q, "cached block reused");
+    assert_eq!(a.stats().num_device_alloc, 1);
+    let small = a.allocate(1000, s).expect("small");
+    assert_eq!(a.stats().segment.small().current, 1);
+    a.free(small).expect("free");
+    a.free(q).expect("free");
+    check(&a);
+}
+
+/// Data written into cached blocks reads back correctly across reuse.
+pub fn data_survives_reuse<H: Harness>(h: &H) {
+    let a = h.allocator("");
+    let b = a.backend();
+    let s = b.default_stream();
+    let sizes = [512u64, 4096, MIB, 3 * MIB, 12 * MIB];
+    for round in 0..3u8 {
+        let ptrs: Vec<u64> = sizes
+            .iter()
+            .map(|&n| a.allocate(n, s).expect("alloc"))
+            .collect();
+        for (i, (&p, &n)) in ptrs.iter().zip(&sizes).enumerate() {
+            h.fill(b, p, n, round * 16 + i as u8 + 1, s);
+        }
+        for (i, (&p, &n)) in ptrs.iter().zip(&sizes).enumerate() {
+            if let Some(bytes) = h.read(b, p, n) {
+                let want = round * 16 + i as u8 + 1;
+                assert!(
+                    bytes.iter().all(|&x| x == want),
+                    "block {i} of round {round} corrupted"
+                );
+            }
+        }
+        // free in a scrambled order so the next round reuses split blocks
+        for &i in &[3usize, 0, 4, 1, 2] {
+            a.free(ptrs[i]).expect("free");
+        }
+        check(&a);
+    }
+    assert!(
+        a.stats().num_device_alloc <= 3,
+        "rounds 2 and 3 reuse the cache"
+    );
+}
+
+/// A block freed while another stream still uses it is not handed out
+/// again until that stream's work completes, and is reused after.
+pub fn record_stream_defers_reuse<H: Harness>(h: &H) {
+    let a = h.allocator("");
+    let b = a.backend();
+    let s0 = b.default_stream();
+    let side = h.new_stream(b);
+    let side_h = h.handle(&side);
+    let p = a.allocate(8 * MIB, s0).expect("alloc");
+    h.fill(b, p, 8 * MIB, 0x5a, s0);
+    a.record_stream(p, side_h).expect("record_stream");
+    h.make_busy(b, side_h);
+    h.fill(b, p, 8 * MIB, 0x5a, side_h);
+    a.free(p).expect("free");
+    check(&a);
+    assert_eq!(
+        a.stats().active.all().current,
+        1,
+        "pending block stays active"
+    );
+    let q = a.allocate(8 * MIB, s0).expect("alloc while pending");
+    if h.is_busy(b, side_h) {
+        assert_ne!(q, p, "block reused while the side stream still uses it");
+    }
+    a.free(q).expect("free");
+    h.release(b, side_h);
+    let r = a.allocate(8 * MIB, s0).expect("alloc after completion");
+    assert_eq!(r, p, "block reused once the side stream completed");
+    a.free(r).expect("free");
+    check(&a);
+    drop(side);
+}
+
+/// `empty_cache` returns whole free segments and keeps ones with live blocks.
+pub fn empty_cache_returns_segments<H: Harness>(h: &H) {
+    let a = h.allocator("");
+    let s = a.backend().default_stream();
+    let before = a.backend().memory_info().expect("info").free;
+    let p = a.allocate(64 * MIB, s).expect("alloc");
+    let q = a.allocate(2 * MIB, s).expect("alloc");
+    a.free(p).expect("free");
+    a.empty_cache().expect("empty_cache");
+    let st = a.stats();
+    assert_eq!(
+        st.segment.all().current,
+        1,
+        "the segment with a live block stays"
+    );
+    assert_eq!(st.num_device_free, 1);
+    a.free(q).expect("free");
+    a.empty_cache().expect("empty_cache");
+    assert_eq!(a.stats().reserved_bytes.all().current, 0);
+    let after = a.backend().memory_info().expect("info").free;
+    assert!(
+        after + 64 * MIB > before,
+        "device memory came back ({before} -> {after})"
+    );
+    check(&a);
+}
+
+/// Requests that cannot fit give typed errors, never a panic, and leave the
+/// allocator usable.
+pub fn oom_is_typed<H: Harness>(h: &H) {
+    let a = h.allocator("");
+    let s = a.backend().default_stream();
+    let total = a.backend().memory_info().expect("info").total;
+    match a.allocate(total + 64 * MIB, s) {
+        Err(Error::NeverFits { .. }) | Err(Error::OutOfMemory(_)) => {}
+        other => panic!("expected an out-of-memory error, got {other:?}"),
+    }
+    match a.allocate(1 << 60, s) {
+        Err(Error::NeverFits { .. }) => {}
+        other => panic!("expected NeverFits, got {other:?}"),
+    }
+    assert_eq!(a.stats().num_ooms, 1);
+    let p = a.allocate(MIB, s).expect("still usable");
+    a.free(p).expect("free");
+    check(&a);
+}
+
+/// Unknown pointers, double frees and record_stream after free are typed errors.
+pub fn bad_pointers_are_typed<H: Harness>(h: &H) {
+    let a = h.allocator("");
+    let s = a.backend().default_stream();
+    let p = a.allocate(5000, s).expect("alloc");
+    assert!(
+        matches!(a.free(p + 512), Err(Error::DoubleFree(_))),
+        "interior pointer"
+    );
+    a.free(p).expect("free");
+    assert!(matches!(a.free(p), Err(Error::DoubleFree(_))));
+    assert!(matches!(a.record_stream(p, s), Err(Error::NotLive(_))));
+    assert!(matches!(a.free(8), Err(Error::UnknownPointer(8))));
+    check(&a);
+}
+
+/// Events come from a pool: many frees with cross-stream uses reuse them.
+pub fn events_are_recycled<H: Harness>(h: &H) {
+    let a = h.allocator("");
+    let b = a.backend();
+    let s0 = b.default_stream();
+    let side = h.new_stream(b);
+    let side_h = h.handle(&side);
+    let mut first = 0;
+    for i in 0..50 {
+        let p = a.allocate(MIB, s0).expect("alloc");
+        a.record_stream(p, side_h).expect("record");
+        a.free(p).expect("free");
+        h.release(b, side_h);
+        if i == 0 {
+            first = p;
+        }
+    }
+    let p = a.allocate(MIB, s0).expect("alloc");
+    assert_eq!(p, first, "blocks come back after their events complete");
+    a.free(p).expect("free");
+    check(&a);
+    drop(side);
+}

@@ -1,0 +1,24 @@
+//! The conformance suite on every backend this build has: the mock always;
+//! CUDA with `--features cuda` when a device is present (skipped with a
+//! printed reason otherwise).
+
+use cachalot_conformance::suite::run_all;
+
+#[test]
+fn mock_backend() {
+    let (passed, failed) = run_all(&cachalot_conformance::mock::MockHarness);
+    assert_eq!(failed, 0, "{failed} conformance checks failed on the mock");
+    assert!(passed > 0);
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_backend() {
+    match cachalot_conformance::cuda::CudaHarness::open() {
+        Ok(h) => {
+            let (_, failed) = run_all(&h);
+            assert_eq!(failed, 0, "{failed} conformance checks failed on CUDA");
+        }
+        Err(reason) => println!("skipped: cuda: {reason}"),
+    }
+}

@@ -1,0 +1,99 @@
+//! Parity with PyTorch 2.11's allocator on the recorded and synthetic traces:
+//! peak reserved, peak allocated and device allocations within the
+//! tolerances of the issue, against `shared/anchor/pytorch-cca-h200.json`
+//! (copied into `traces/pytorch-cca-h200.json`).
+
+use cachalot_conformance::mock::replay_on_mock;
+use cachalot_conformance::repo_root;
+use cachalot_core::replay::Trace;
+
+fn anchor() -> serde_json::Value {
+    let path = repo_root().join("traces/pytorch-cca-h200.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).expect("anchor json")
+}
+
+fn check(name: &str, tolerance: f64) {
+    let trace = match Trace::synthetic(name) {
+        Some(t) => t,
+        None => Trace::load(repo_root().join(format!("traces/{name}.trace"))).expect("trace"),
+    };
+    let r = replay_on_mock(&trace, 1);
+    let a = &anchor()["traces"][name];
+    let want_res = a["peak_reserved"].as_i64().unwrap();
+    let want_alloc = a["peak_allocated"].as_i64().unwrap();
+    let want_dev = a["device_allocs_cold"].as_i64().unwrap();
+    let dev = |got: i64, want: i64| (got - want) as f64 / want as f64;
+    let (dr, da) = (
+        dev(r.peak_reserved, want_res),
+        dev(r.peak_allocated, want_alloc),
+    );
+    println!(
+        "{name}: peak_reserved {} vs {want_res} ({:+.3}%), peak_allocated {} vs {want_alloc} ({:+.3}%), device allocs {} vs {want_dev}",
+        r.peak_reserved,
+        dr * 100.0,
+        r.peak_allocated,
+        da * 100.0,
+        r.device_allocs_cold
+    );
+    assert!(
+        dr.abs() <= tolerance,
+        "{name}: peak reserved off by {:.3}%",
+        dr * 100.0
+    );
+    assert!(
+        da.abs() <= tolerance,
+        "{name}: peak allocated off by {:.3}%",
+        da * 100.0
+    );
+    assert!(
+        (r.device_allocs_cold - want_dev).abs() <= 3,
+        "{name}: {} device allocs vs {want_dev}",
+        r.device_allocs_cold
+    );
+    assert_eq!(
+        r.ops,
+        a["ops"].as_u64().unwrap() as usize,
+        "{name}: op count"
+    );
+}
+
+#[test]
+fn gpt2_train() {
+    check("gpt2_train", 0.01);
+}
+
+#[test]
+fn resnet50_train() {
+    check("resnet50_train", 0.01);
+}
+
+#[test]
+fn side_stream_pipeline() {
+    check("side_stream_pipeline", 0.01);
+}
+
+#[test]
+fn hit_1mib() {
+    check("hit_1mib", 0.01);
+}
+
+#[test]
+fn churn_1stream() {
+    check("churn_1stream", 0.03);
+}
+
+#[test]
+fn churn_4streams() {
+    check("churn_4streams", 0.03);
+}
+
+#[test]
+fn steady_state_has_no_device_calls_after_the_first_pass() {
+    for name in ["hit_1mib", "churn_4streams"] {
+        let trace = Trace::synthetic(name).unwrap();
+        let r = replay_on_mock(&trace, 3);
+        assert_eq!(r.device_allocs_all, r.device_allocs_cold, "{name}");
+        assert_eq!(r.device_frees_all, 0, "{name}");
+    }
+}

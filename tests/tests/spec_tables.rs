@@ -1,0 +1,490 @@
+//! The [verified 2.11] tables of the spec (shared/spec/pytorch-allocator.md),
+//! run on the mock with the invariant checker after every operation.
+
+use cachalot_conformance::mock::{Dev, GIB, MIB};
+use cachalot_core::{Error, StatType};
+
+#[test]
+fn rounding_and_segment_table() {
+    // request, allocated_bytes, small pool?, new segment, inactive_split bytes after
+    let rows: &[(u64, u64, bool, u64, u64)] = &[
+        (1, 512, true, 2 * MIB, 2096640),
+        (511, 512, true, 2 * MIB, 2096640),
+        (512, 512, true, 2 * MIB, 2096640),
+        (513, 1024, true, 2 * MIB, 2096128),
+        (1000, 1024, true, 2 * MIB, 2096128),
+        (MIB, MIB, true, 2 * MIB, MIB),
+        (MIB + 1, 1049088, false, 20 * MIB, 19922432),
+        (2 * MIB + 1, 2097664, false, 20 * MIB, 18873856),
+        (10 * MIB - 512, 10485248, false, 20 * MIB, 10486272),
+        (10 * MIB - 1, 10 * MIB, false, 10 * MIB, 0),
+        (10 * MIB, 10 * MIB, false, 10 * MIB, 0),
+        (10 * MIB + 1, 10486272, false, 12 * MIB, 2096640),
+        (20 * MIB + 1, 20972032, false, 22 * MIB, 2096640),
+        (100 * MIB + 1, 104858112, false, 102 * MIB, 2096640),
+    ];
+    for &(req, alloc_bytes, small, seg, inactive) in rows {
+        let d = Dev::new("");
+        let p = d.alloc(req);
+        let s = d.a.stats();
+        let pool = if small {
+            StatType::SmallPool
+        } else {
+            StatType::LargePool
+        };
+        assert_eq!(
+            s.allocated_bytes.0[pool as usize].current, alloc_bytes as i64,
+            "req {req}"
+        );
+        assert_eq!(
+            s.allocated_bytes.all().current,
+            alloc_bytes as i64,
+            "req {req}"
+        );
+        assert_eq!(s.segment.0[pool as usize].current, 1, "req {req}");
+        assert_eq!(s.reserved_bytes.all().current, seg as i64, "req {req}");
+        assert_eq!(s.num_device_alloc, 1);
+        assert_eq!(s.requested_bytes.all().current, req as i64);
+        assert_eq!(
+            s.inactive_split_bytes.all().current,
+            inactive as i64,
+            "req {req}"
+        );
+        assert_eq!(
+            s.inactive_split.all().current,
+            i64::from(inactive > 0),
+            "req {req}"
+        );
+        d.free(p);
+    }
+}
+
+#[test]
+fn best_fit_lowest_address_and_stream_silo() {
+    let d = Dev::new("");
+    // four segments: 30, 30, 40, 50 MiB
+    let ps: Vec<u64> = [30, 30, 40, 50].iter().map(|&m| d.alloc(m * MIB)).collect();
+    for &p in &ps {
+        d.free(p);
+    }
+    let lower30 = ps[0].min(ps[1]);
+    let p = d.alloc(25 * MIB);
+    assert_eq!(p, lower30, "25 MiB takes the lower-addressed 30 MiB block");
+    assert_eq!(d.a.stats().num_device_alloc, 4);
+    d.free(p);
+    // stream silo: a block cached for stream 0 is never given to another stream
+    let s1 = d.stream();
+    let q = d.alloc_on(20 * MIB, s1);
+    assert_eq!(
+        d.a.stats().num_device_alloc,
+        5,
+        "a new segment for the other stream"
+    );
+    d.free(q);
+}
+
+#[test]
+fn split_thresholds() {
+    let d = Dev::new("");
+    let a = d.alloc(512);
+    let b = d.alloc(512);
+    assert_eq!(b - a, 512, "small blocks split at 512 B");
+    let c = d.alloc(3 * MIB / 2);
+    let e = d.alloc(3 * MIB / 2);
+    assert_eq!(
+        e - c,
+        3 * MIB / 2,
+        "1.5 MiB blocks are 1.5 MiB apart in one 20 MiB segment"
+    );
+    for p in [a, b, c, e] {
+        d.free(p);
+    }
+    // a 19 MiB request reusing a free 20 MiB block is not split (remainder exactly 1 MiB)
+    let d = Dev::new("");
+    let big = d.alloc(20 * MIB);
+    d.free(big);
+    let before = d.a.stats().allocated_bytes.all().current;
+    let x = d.alloc(19 * MIB);
+    assert_eq!(
+        d.a.stats().allocated_bytes.all().current - before,
+        20 * MIB as i64
+    );
+    assert_eq!(d.a.block_size(x), Some(20 * MIB));
+    d.free(x);
+    // 19 MiB − 512 is split (remainder 1 MiB + 512)
+    let y = d.alloc(19 * MIB - 512);
+    assert_eq!(d.a.block_size(y), Some(19 * MIB - 512));
+    assert_eq!(
+        d.a.stats().inactive_split_bytes.all().current,
+        (MIB + 512) as i64
+    );
+    d.free(y);
+}
+
+#[test]
+fn inactive_split_trace_and_empty_cache() {
+    let d = Dev::new("");
+    let s = || d.a.stats();
+    let a = d.alloc(2 * MIB);
+    assert_eq!(s().inactive_split.all().current, 1);
+    assert_eq!(s().inactive_split_bytes.all().current, 18 * MIB as i64);
+    let b = d.alloc(2 * MIB);
+    assert_eq!(s().inactive_split_bytes.all().current, 16 * MIB as i64);
+    d.free(a);
+    assert_eq!(s().inactive_split.all().current, 2);
+    assert_eq!(s().inactive_split_bytes.all().current, 18 * MIB as i64);
+    d.free(b);
+    assert_eq!(s().inactive_split.all().current, 0);
+    assert_eq!(s().inactive_split_bytes.all().current, 0);
+    let before = s();
+    d.a.empty_cache().unwrap();
+    d.check();
+    let after = s();
+    assert_eq!(
+        before.reserved_bytes.all().current - after.reserved_bytes.all().current,
+        20 * MIB as i64
+    );
+    assert_eq!(after.segment.all().current, 0);
+    assert_eq!(after.num_device_free, 1);
+    assert_eq!(after.num_sync_all_streams, before.num_sync_all_streams + 1);
+    assert!(d.m.live_segments().is_empty());
+}
+
+#[test]
+fn coalescing_and_empty_cache_keeps_split_segments() {
+    let d = Dev::new("");
+    let a = d.alloc(4 * MIB);
+    let b = d.alloc(4 * MIB);
+    let c = d.alloc(4 * MIB);
+    d.free(b);
+    d.free(a); // a merges with b
+    let x = d.alloc(8 * MIB);
+    assert_eq!(x, a, "a and b coalesced into one 8 MiB block at a");
+    d.free(x);
+    d.a.empty_cache().unwrap();
+    d.check();
+    assert_eq!(
+        d.a.stats().segment.all().current,
+        1,
+        "segment with a live block is kept"
+    );
+    d.free(c);
+    d.a.empty_cache().unwrap();
+    assert_eq!(d.a.stats().segment.all().current, 0);
+}
+
+#[test]
+fn oversize_blocks() {
+    let d = Dev::new("max_split_size_mb:100");
+    assert_eq!(d.a.stats().max_split_size, 100 * MIB as i64);
+    let p = d.alloc(150 * MIB);
+    assert_eq!(d.a.stats().oversize_allocations.current, 1);
+    assert_eq!(d.a.stats().oversize_segments.current, 1);
+    d.free(p);
+    assert_eq!(d.a.stats().oversize_allocations.current, 0);
+    // not used for 120 MiB (150 ≥ 120 + 20) nor 30 MiB
+    let q = d.alloc(120 * MIB);
+    assert_ne!(q, p);
+    let r = d.alloc(30 * MIB);
+    assert_ne!(r, p);
+    d.free(q);
+    d.free(r);
+    // used whole for 140 MiB
+    let before = d.a.stats();
+    let x = d.alloc(140 * MIB);
+    assert_eq!(x, p);
+    let after = d.a.stats();
+    assert_eq!(
+        after.allocated_bytes.all().current - before.allocated_bytes.all().current,
+        150 * MIB as i64
+    );
+    assert_eq!(
+        after.requested_bytes.all().current - before.requested_bytes.all().current,
+        140 * MIB as i64
+    );
+    d.free(x);
+}
+
+#[test]
+fn release_available_cached_blocks_largest_first() {
+    // cached 150 + 120 MiB, 200 MiB request over the cap: both released, no retry
+    let d = Dev::with_capacity("max_split_size_mb:100", 400 * MIB);
+    let a = d.alloc(150 * MIB);
+    let b = d.alloc(120 * MIB);
+    d.free(a);
+    d.free(b);
+    let x = d.alloc(200 * MIB);
+    let s = d.a.stats();
+    assert_eq!(s.num_alloc_retries, 0);
+    assert_eq!(s.num_device_free, 2);
+    d.free(x);
+    // cached 150 + 300 MiB: only the 300 MiB block is released
+    let d = Dev::with_capacity("max_split_size_mb:100", 600 * MIB);
+    let a = d.alloc(150 * MIB);
+    let b = d.alloc(300 * MIB);
+    d.free(a);
+    d.free(b);
+    let x = d.alloc(200 * MIB);
+    let s = d.a.stats();
+    assert_eq!(s.num_device_free, 1);
+    assert_eq!(s.num_alloc_retries, 0);
+    assert_eq!(s.reserved_bytes.all().current, (150 + 200) * MIB as i64);
+    d.free(x);
+}
+
+#[test]
+fn fraction_capped_oom_counts_retry_ooms_and_syncs() {
+    let d = Dev::with_capacity("", 8 * GIB);
+    d.a.set_memory_fraction(0.5).unwrap();
+    let a = d.alloc(3 * GIB);
+    let e = d.a.allocate(2 * GIB, d.s0()).unwrap_err();
+    d.check();
+    assert!(matches!(e, Error::OutOfMemory(_)), "{e}");
+    let msg = e.to_string();
+    assert!(msg.contains("Tried to allocate 2.00 GiB"), "{msg}");
+    assert!(msg.contains("4.00 GiB allowed"), "{msg}");
+    let s = d.a.stats();
+    assert_eq!(
+        (s.num_alloc_retries, s.num_ooms, s.num_sync_all_streams),
+        (1, 1, 1)
+    );
+    // a request above the cap can never fit
+    let e = d.a.allocate(5 * GIB, d.s0()).unwrap_err();
+    assert!(matches!(e, Error::NeverFits { .. }), "{e}");
+    d.free(a);
+}
+
+#[test]
+fn oom_message_shows_segment_size() {
+    let d = Dev::with_capacity("", 64 * MIB);
+    let a = d.alloc(60 * MIB);
+    let e = d.a.allocate(3 * MIB, d.s0()).unwrap_err();
+    assert!(e.to_string().contains("Tried to allocate 20.00 MiB"), "{e}");
+    let e = d.a.allocate(15 * MIB, d.s0()).unwrap_err();
+    assert!(e.to_string().contains("Tried to allocate 16.00 MiB"), "{e}");
+    match e {
+        Error::OutOfMemory(r) => {
+            assert_eq!(r.segment_size, 16 * MIB);
+            assert!(!r.fits_after_empty_cache);
+        }
+        other => panic!("expected OOM, got {other}"),
+    }
+    d.free(a);
+    d.check();
+}
+
+#[test]
+fn oom_observers_run_before_the_error_returns() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let d = Dev::with_capacity("", 64 * MIB);
+    let seen = Arc::new(AtomicU64::new(0));
+    let s2 = seen.clone();
+    d.a.add_oom_observer(Arc::new(move |r| {
+        s2.store(r.segment_size, Ordering::SeqCst);
+    }));
+    assert!(d.a.allocate(100 * MIB, d.s0()).is_err());
+    assert_eq!(seen.load(Ordering::SeqCst), 100 * MIB);
+}
+
+#[test]
+fn garbage_collection_frees_blocks_at_or_above_mean_age() {
+    // allowed 400 MiB, threshold 0.5, four cached 60 MiB blocks, then a 70 MiB miss
+    let d = Dev::with_capacity("garbage_collection_threshold:0.5", 800 * MIB);
+    d.a.set_memory_fraction(0.5).unwrap();
+    let ps: Vec<u64> = (0..4).map(|_| d.alloc(60 * MIB)).collect();
+    for p in ps {
+        d.free(p);
+    }
+    let syncs = d.a.stats().num_sync_all_streams;
+    let x = d.alloc(70 * MIB);
+    let s = d.a.stats();
+    assert_eq!(s.num_device_free, 4, "all four released");
+    assert_eq!(s.num_sync_all_streams, syncs, "no event synchronization");
+    assert_eq!(s.reserved_bytes.all().current, 70 * MIB as i64);
+    d.free(x);
+    // without a memory fraction the threshold has no effect
+    let d = Dev::with_capacity("garbage_collection_threshold:0.5", 800 * MIB);
+    let ps: Vec<u64> = (0..4).map(|_| d.alloc(60 * MIB)).collect();
+    for p in ps {
+        d.free(p);
+    }
+    let x = d.alloc(70 * MIB);
+    assert_eq!(d.a.stats().num_device_free, 0);
+    d.free(x);
+}
+
+#[test]
+fn record_stream_defers_reuse_until_the_stream_completes() {
+    let d = Dev::manual("");
+    let side = d.stream();
+    let p = d.alloc(4 * MIB);
+    d.a.record_stream(p, side).unwrap();
+    d.check();
+    d.m.launch(side).unwrap(); // the side stream is busy
+    let before = d.a.stats();
+    d.free(p);
+    let s = d.a.stats();
+    assert_eq!(
+        s.allocation.all().current,
+        before.allocation.all().current - 1
+    );
+    assert_eq!(
+        s.allocated_bytes.all().current,
+        before.allocated_bytes.all().current - 4 * MIB as i64
+    );
+    assert_eq!(
+        s.active.all().current,
+        before.active.all().current,
+        "still active"
+    );
+    // an equal allocation meanwhile gets a different block
+    let q = d.alloc(4 * MIB);
+    assert_ne!(q, p);
+    d.free(q);
+    // after the side stream finishes, the next malloc frees the pending block
+    d.m.complete(side);
+    let r = d.alloc(4 * MIB);
+    let s = d.a.stats();
+    assert_eq!(s.active.all().current, 1);
+    assert_eq!(r, p, "the pending block is free again and is the best fit");
+    d.free(r);
+}
+
+#[test]
+fn events_are_pooled_not_created_per_free() {
+    let d = Dev::new("");
+    let side = d.stream();
+    for _ in 0..100 {
+        let p = d.alloc(MIB);
+        d.a.record_stream(p, side).unwrap();
+        d.free(p);
+    }
+    assert!(d.m.counters().create_event <= 2, "{:?}", d.m.counters());
+    assert!(d.m.counters().record_event >= 100);
+}
+
+#[test]
+fn bad_input_is_a_typed_error() {
+    let d = Dev::new("");
+    assert_eq!(
+        d.a.allocate(0, d.s0()).unwrap(),
+        0,
+        "size 0 is a null allocation"
+    );
+    assert_eq!(d.a.stats().allocation.all().allocated, 0);
+    d.a.free(0).unwrap();
+    match d.a.allocate(1 << 60, d.s0()) {
+        Err(Error::NeverFits { reason, .. }) => assert!(reason.contains("1EB")),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        d.a.free(0xdead_0000),
+        Err(Error::UnknownPointer(0xdead_0000))
+    ));
+    let p = d.alloc(1000);
+    d.free(p);
+    assert!(matches!(d.a.free(p), Err(Error::DoubleFree(_))));
+    assert!(matches!(
+        d.a.record_stream(p, d.s0()),
+        Err(Error::NotLive(_))
+    ));
+    assert!(matches!(
+        d.a.record_stream(0x1234_5600, d.s0()),
+        Err(Error::UnknownPointer(_))
+    ));
+    assert!(
+        matches!(d.a.set_config("max_split_size_mb:5"), Err(Error::Config(e)) if e.key == "max_split_size_mb")
+    );
+    assert!(matches!(
+        d.a.set_memory_fraction(1.5),
+        Err(Error::InvalidArgument(_))
+    ));
+    d.check();
+    // the error messages are clear
+    assert!(
+        Error::UnknownPointer(0x10)
+            .to_string()
+            .contains("invalid device pointer")
+    );
+}
+
+#[test]
+fn reset_semantics_and_flat_keys() {
+    let d = Dev::new("");
+    let a = d.alloc(100);
+    d.free(a);
+    d.a.empty_cache().unwrap();
+    let m = d.a.memory_stats();
+    assert_eq!(m.len(), 122);
+    assert!(m["reserved_bytes.all.peak"] > 0);
+    d.a.reset_peak_stats();
+    let m = d.a.memory_stats();
+    assert_eq!(m["reserved_bytes.all.peak"], 0);
+    assert_eq!(m["num_device_alloc"], 1);
+    d.a.reset_accumulated_stats();
+    let b = d.alloc(1024);
+    let m = d.a.memory_stats();
+    assert_eq!(m["active_bytes.all.current"], 1024);
+    assert_eq!(m["active_bytes.all.freed"], 0);
+    assert_eq!(m["num_device_alloc"], 1);
+    d.free(b);
+    d.a.empty_cache().unwrap();
+    let m = d.a.memory_stats();
+    assert_eq!(m["active_bytes.all.freed"], 1024);
+    assert_eq!(m["num_device_free"], 1);
+    assert_eq!(m["max_split_size"], -1);
+}
+
+#[test]
+fn runtime_reconfiguration() {
+    let d = Dev::new("max_split_size_mb:100");
+    d.a.set_config("roundup_power2_divisions:4").unwrap();
+    let c = d.a.config();
+    assert_eq!(c.max_split_size, u64::MAX, "re-parse resets max_split_size");
+    let p = d.alloc(1200000);
+    assert_eq!(d.a.block_size(p), Some(1310720));
+    d.free(p);
+    assert!(d.a.set_config("bogus:1").is_err());
+    assert_eq!(
+        d.a.config().roundup_power2_divisions[0],
+        4,
+        "failed parse changes nothing"
+    );
+}
+
+#[test]
+fn retry_searches_free_blocks_after_sync_fixing_189504() {
+    // A pending block becomes free during the last-resort sync: it must be used
+    // instead of failing (PyTorch #189504 retried only the device allocation).
+    let d = Dev::manual_with_capacity("", 20 * MIB);
+    let side = d.stream();
+    let a = d.alloc(4 * MIB);
+    let b = d.alloc(16 * MIB); // takes the rest of the 20 MiB segment
+    d.a.record_stream(a, side).unwrap();
+    d.m.launch(side).unwrap();
+    d.free(a);
+    // no room for a new segment; the pending block is the only candidate
+    let c =
+        d.a.allocate(4 * MIB, d.s0())
+            .expect("found after syncing events");
+    assert_eq!(c, a);
+    assert_eq!(d.a.stats().num_alloc_retries, 1);
+    d.check();
+    d.free(c);
+    d.free(b);
+}
+
+#[test]
+fn dropping_the_allocator_returns_every_segment() {
+    let d = Dev::new("");
+    let side = d.stream();
+    let p = d.alloc(3 * MIB);
+    let _q = d.alloc(300);
+    d.a.record_stream(p, side).unwrap();
+    d.free(p);
+    let m = d.m.clone();
+    drop(d);
+    assert!(m.live_segments().is_empty());
+    assert_eq!(m.live_events(), 0);
+}
