@@ -39,9 +39,14 @@
 //!   (same stream; a `stream_wait_event` chain, i.e. vector clocks; or the
 //!   earlier use had completed when the later one was submitted — the host
 //!   observed it), inside one capture by a path in the graph. Races are
-//!   reported once per (later use, earlier use) pair at the later use's
-//!   submission; see [`MockBackend::races`]. `free` of a segment forgets its
-//!   uses (cudaFree synchronises implicitly).
+//!   found at the later use's submission ([`MockBackend::races`]): every
+//!   later use that races gets at least one report, at most one per earlier
+//!   use. Outside capture, an earlier use followed by an ordered use of the
+//!   same tag is represented by that newer use (any use racing with the old
+//!   one races with the new one too), and completed uses are dropped, so
+//!   memory stays bounded. `free` of a segment forgets its uses (cudaFree
+//!   synchronises implicitly). Graph launches are checked as one unit of
+//!   work carrying all of the graph's uses.
 //! * **Capture.** CUDA stream capture semantics (spec section 1.3):
 //!   [`MockBackend::begin_capture`] / [`MockBackend::end_capture`], capture
 //!   ids from 1, per-stream terminal sets (work collapses the set to the new
