@@ -1,6 +1,8 @@
 //! Property tests: the race checker against naive oracles that keep every
 //! use and compare all pairs.
 
+#![allow(clippy::needless_range_loop)] // index loops read best in the oracle
+
 use cachalot_core::{Backend, CaptureStatus, DependencyUpdate};
 use cachalot_mock::{MockBackend, MockStream, Submitted};
 use proptest::prelude::*;
