@@ -85,10 +85,10 @@ impl BackendKind {
     /// error), else the first real backend with a device (CUDA, HIP, Level
     /// Zero), else the mock.
     pub fn detect() -> Result<Self, Error> {
-        if let Ok(v) = std::env::var(BACKEND_ENV) {
-            if !v.trim().is_empty() {
-                return v.parse();
-            }
+        if let Ok(v) = std::env::var(BACKEND_ENV)
+            && !v.trim().is_empty()
+        {
+            return v.parse();
         }
         Ok(BackendKind::ALL
             .into_iter()

@@ -114,10 +114,10 @@ impl DeviceBuffer {
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         let p = std::mem::take(&mut self.ptr);
-        if p != 0 {
-            if let Err(e) = self.alloc.raw_free(p) {
-                tracing::error!(%e, ptr = p, "freeing a DeviceBuffer failed");
-            }
+        if p != 0
+            && let Err(e) = self.alloc.raw_free(p)
+        {
+            tracing::error!(%e, ptr = p, "freeing a DeviceBuffer failed");
         }
     }
 }

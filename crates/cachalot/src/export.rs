@@ -57,10 +57,10 @@ pub fn backtrace_frames(bt: &str) -> Value {
                     _ => last.1 = loc.to_string(),
                 }
             }
-        } else if let Some((num, name)) = t.split_once(": ") {
-            if num.chars().all(|c| c.is_ascii_digit()) {
-                frames.push((name.to_string(), "??".to_string(), 0));
-            }
+        } else if let Some((num, name)) = t.split_once(": ")
+            && num.chars().all(|c| c.is_ascii_digit())
+        {
+            frames.push((name.to_string(), "??".to_string(), 0));
         }
     }
     Value::List(
