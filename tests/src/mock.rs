@@ -79,12 +79,12 @@ impl Dev {
     }
 }
 
-/// Replays `trace` on an H200-sized auto-completing mock with the default
-/// config, as `cca_replay.cpp` does on the GPU.
-pub fn replay_on_mock(trace: &Trace, passes: usize) -> ReplayReport {
+/// Replays `trace` on an H200-sized auto-completing mock with `config`, as
+/// `cca_replay.cpp` does on the GPU.
+pub fn replay_on_mock(trace: &Trace, passes: usize, config: &str) -> ReplayReport {
     let m = MockConfig::new(H200_BYTES).auto_complete(true).build();
-    let a =
-        CachingAllocator::with_config(m.clone(), AllocatorConfig::default()).expect("allocator");
+    let config = AllocatorConfig::parse(config).expect("config");
+    let a = CachingAllocator::with_config(m.clone(), config).expect("allocator");
     let streams: Vec<MockStream> = std::iter::once(m.default_stream())
         .chain((1..16).map(|_| m.create_stream()))
         .collect();

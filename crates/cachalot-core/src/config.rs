@@ -60,6 +60,10 @@ pub struct AllocatorConfig {
     pub per_process_memory_fraction: f64,
     /// Reject allocations over the fraction cap before calling the driver.
     pub throw_on_device_malloc_oom: bool,
+    /// cachalot extension: on a miss, before asking the device, take a whole
+    /// free segment cached under another stream if that stream has no
+    /// unfinished work (PyTorch silos blocks per stream forever, #186232).
+    pub idle_stream_reuse: bool,
     /// Pinned host allocator: register with the device (stored only).
     pub pinned_use_host_register: bool,
     /// Pinned host allocator: registration threads (stored only).
@@ -85,6 +89,7 @@ impl Default for AllocatorConfig {
             graph_capture_record_stream_reuse: CaptureReuse::Off,
             per_process_memory_fraction: 1.0,
             throw_on_device_malloc_oom: false,
+            idle_stream_reuse: false,
             pinned_use_host_register: false,
             pinned_num_register_threads: 1,
             pinned_use_background_threads: false,
@@ -332,6 +337,7 @@ impl AllocatorConfig {
                 | "per_process_memory_fraction"
                 | "throw_on_cudamalloc_oom"
                 | "throw_on_device_malloc_oom"
+                | "idle_stream_reuse"
                 | "pinned_use_cuda_host_register"
                 | "pinned_use_hip_host_register"
                 | "pinned_num_register_threads"
@@ -446,6 +452,7 @@ impl AllocatorConfig {
             "throw_on_cudamalloc_oom" | "throw_on_device_malloc_oom" => {
                 self.throw_on_device_malloc_oom = parse_bool(key, v)?
             }
+            "idle_stream_reuse" => self.idle_stream_reuse = parse_bool(key, v)?,
             "pinned_use_cuda_host_register" | "pinned_use_hip_host_register" => {
                 self.pinned_use_host_register = parse_bool(key, v)?
             }

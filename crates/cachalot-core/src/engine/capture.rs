@@ -9,8 +9,6 @@
 //! capture) holds all markers is ordered after every use of the block, so the
 //! block may be reused by that stream.
 
-use std::collections::HashSet;
-
 use crate::backend::{Backend, CaptureStatus};
 use crate::config::CaptureReuse;
 use crate::engine::state::{BState, BlockId, Inner, Params, PoolFilter, ReuseContext};
@@ -87,7 +85,7 @@ impl<B: Backend> Inner<B> {
             .reuse_contexts
             .get_mut(&info.id)
             .expect("inserted above");
-        let visited = ctx.visited.entry(stream).or_insert_with(HashSet::new);
+        let visited = ctx.visited.entry(stream).or_default();
         let mut stack: Vec<B::Node> = Vec::new();
         for t in info.terminals {
             if visited.insert(t) {

@@ -40,7 +40,7 @@ impl<B: Backend> Inner<B> {
                 if b.state == BState::Dead {
                     return Err(format!("dead block {id} in segment {start:#x}"));
                 }
-                if b.addr != at || b.prev != prev || b.size == 0 || b.size % 512 != 0 {
+                if b.addr != at || b.prev != prev || b.size == 0 || !b.size.is_multiple_of(512) {
                     return Err(format!(
                         "segment {start:#x}: block {id} at {:#x} size {} breaks the tiling at {at:#x}",
                         b.addr, b.size

@@ -200,10 +200,10 @@ impl<B: Backend> CachingAllocator<B> {
         pool: PoolId,
         filter: PoolFilter<B::Stream>,
     ) -> Result<(), Error> {
-        if !self.backend.supports_capture() {
-            if let PoolFilter::CaptureId(_) = filter {
-                return Err(crate::error::CaptureError::Unsupported(self.backend.name()).into());
-            }
+        if !self.backend.supports_capture()
+            && let PoolFilter::CaptureId(_) = filter
+        {
+            return Err(crate::error::CaptureError::Unsupported(self.backend.name()).into());
         }
         self.inner.lock().begin_allocate_to_pool(pool, filter)
     }

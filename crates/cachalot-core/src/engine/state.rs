@@ -289,6 +289,12 @@ pub(crate) enum AllocOutcome {
     Oom(Box<OomReport>, bool),
 }
 
+/// A stream's FIFO of (event, block) in record order.
+pub(crate) type EventQueue<B> = (
+    <B as Backend>::Stream,
+    VecDeque<(<B as Backend>::Event, BlockId)>,
+);
+
 pub(crate) struct Inner<B: Backend> {
     pub blocks: Vec<Block<B::Stream>>,
     pub free_slots: Vec<BlockId>,
@@ -299,7 +305,7 @@ pub(crate) struct Inner<B: Backend> {
     pub stats: DeviceStats,
     pub config: AllocatorConfig,
     /// Per-stream FIFOs of (event, block) in record order.
-    pub event_queues: Vec<(B::Stream, VecDeque<(B::Event, BlockId)>)>,
+    pub event_queues: Vec<EventQueue<B>>,
     pub outstanding_events: usize,
     pub event_pool: Vec<B::Event>,
     pub captures: Vec<CaptureEntry<B::Stream>>,
@@ -480,10 +486,10 @@ impl<B: Backend> Inner<B> {
         p: &Params<B::Stream>,
     ) -> Result<Option<BlockId>, Error> {
         let size = p.alloc_size;
-        if let Some(max) = self.allowed_max {
-            if self.stats.reserved_bytes.all().current as u64 + size > max {
-                return Ok(None);
-            }
+        if let Some(max) = self.allowed_max
+            && self.stats.reserved_bytes.all().current as u64 + size > max
+        {
+            return Ok(None);
         }
         let ptr = match backend.malloc(size) {
             Ok(ptr) => ptr.addr(),
@@ -715,6 +721,137 @@ impl<B: Backend> Inner<B> {
         Ok(())
     }
 
+    /// Whether every piece of work submitted to `stream` so far has completed
+    /// (an event recorded now is already complete).
+    fn stream_is_idle(&mut self, backend: &B, stream: B::Stream) -> Result<bool, Error> {
+        let ev = self.get_event(backend)?;
+        let r = backend
+            .record_event(&ev, stream)
+            .and_then(|()| backend.query_event(&ev));
+        self.event_pool.push(ev);
+        Ok(r?)
+    }
+
+    /// cachalot extension (`idle_stream_reuse`): the best-fitting whole free
+    /// segment of the same pool cached under another, idle stream, re-keyed
+    /// to `p`'s stream. Safe because an idle stream has no unfinished work,
+    /// so no earlier use of the segment can still run. Only unsplit segments
+    /// move (taking blocks out of split segments fragmented them and cost
+    /// memory on `side_stream_pipeline`); blocks merge only within one
+    /// stream, and `empty_cache` merges free neighbours of idle streams.
+    fn take_idle_block(
+        &mut self,
+        backend: &B,
+        p: &Params<B::Stream>,
+    ) -> Result<Option<BlockId>, Error> {
+        let max_split = self.config.max_split_size;
+        let max_nsr = self.config.max_non_split_rounding_size;
+        let pool = self.pools[p.pool as usize]
+            .as_ref()
+            .expect("live pool")
+            .get_ref(p.small);
+        let mut cands: Vec<(u64, u64, B::Stream, BlockId)> = Vec::new();
+        for (s, size, addr, id) in pool.free.iter() {
+            if s == p.stream
+                || size < p.size
+                || self.blocks[id as usize].is_split()
+                || (p.size < max_split && size >= max_split)
+                || (p.size >= max_split && size >= p.size.saturating_add(max_nsr))
+            {
+                continue;
+            }
+            cands.push((size, addr, s, id));
+        }
+        if cands.is_empty() {
+            return Ok(None);
+        }
+        cands.sort_unstable_by_key(|c| (c.0, c.1));
+        let mut idle: Vec<(B::Stream, bool)> = Vec::new();
+        for (_, _, s, id) in cands {
+            let ok = match idle.iter().find(|e| e.0 == s) {
+                Some(e) => e.1,
+                None => {
+                    let ok = self.stream_is_idle(backend, s)?;
+                    idle.push((s, ok));
+                    ok
+                }
+            };
+            if ok {
+                self.remove_free(id);
+                self.blocks[id as usize].stream = p.stream;
+                tracing::debug!(?s, to = ?p.stream, "reusing an idle stream's cached segment");
+                return Ok(Some(id));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Merges adjacent free blocks of different streams when every stream
+    /// involved is idle (undoing the splits left by `take_idle_block`).
+    fn merge_idle_neighbours(&mut self, backend: &B) -> Result<(), Error> {
+        let heads: Vec<BlockId> = self.segments.values().map(|s| s.head).collect();
+        let mut idle: Vec<(B::Stream, bool)> = Vec::new();
+        for head in heads {
+            let mut id = head;
+            while id != NIL {
+                let next = self.blocks[id as usize].next;
+                if next == NIL {
+                    break;
+                }
+                let (a, b) = (&self.blocks[id as usize], &self.blocks[next as usize]);
+                if a.state != BState::Free || b.state != BState::Free || a.stream == b.stream {
+                    id = next;
+                    continue;
+                }
+                let mut both = true;
+                for s in [a.stream, b.stream] {
+                    let ok = match idle.iter().find(|e| e.0 == s) {
+                        Some(e) => e.1,
+                        None => {
+                            let ok = self.stream_is_idle(backend, s)?;
+                            idle.push((s, ok));
+                            ok
+                        }
+                    };
+                    both &= ok;
+                }
+                if !both {
+                    id = next;
+                    continue;
+                }
+                // re-key `next` to this block's stream and merge it in
+                self.remove_free(id);
+                self.remove_free(next);
+                let st = self.blocks[id as usize].stat_type();
+                let (nsize, nnext) = (
+                    self.blocks[next as usize].size,
+                    self.blocks[next as usize].next,
+                );
+                let b = &mut self.blocks[id as usize];
+                b.size += nsize;
+                b.next = nnext;
+                if nnext != NIL {
+                    self.blocks[nnext as usize].prev = id;
+                }
+                self.drop_block(next);
+                // two inactive split blocks became one (or an unsplit segment)
+                self.stats.inactive_split.update(st, -2);
+                self.stats
+                    .inactive_split_bytes
+                    .update(st, -((self.blocks[id as usize].size) as i64));
+                if self.blocks[id as usize].is_split() {
+                    self.stats.inactive_split.update(st, 1);
+                    self.stats
+                        .inactive_split_bytes
+                        .update(st, self.blocks[id as usize].size as i64);
+                }
+                self.insert_free(id);
+                // stay on `id`: it may merge with its new next neighbour too
+            }
+        }
+        Ok(())
+    }
+
     /// PyTorch's `release_available_cached_blocks` (only with `max_split_size` set).
     pub fn release_available_cached_blocks(
         &mut self,
@@ -731,11 +868,11 @@ impl<B: Backend> Inner<B> {
             .expect("live pool")
             .get_ref(p.small);
         // a single block of this stream large enough?
-        if let Some((_, _, id)) = pool.free.first_at_least(p.stream, target) {
-            if !self.blocks[id as usize].is_split() {
-                self.release_block(backend, id)?;
-                return Ok(true);
-            }
+        if let Some((_, _, id)) = pool.free.first_at_least(p.stream, target)
+            && !self.blocks[id as usize].is_split()
+        {
+            self.release_block(backend, id)?;
+            return Ok(true);
         }
         // otherwise release oversize blocks of this stream, largest first
         let candidates: Vec<BlockId> = pool
@@ -769,6 +906,9 @@ impl<B: Backend> Inner<B> {
     pub fn release_cached_blocks(&mut self, backend: &B) -> Result<(), Error> {
         if self.captures.is_empty() {
             self.synchronize_and_free_events(backend, None)?;
+            if self.config.idle_stream_reuse {
+                self.merge_idle_neighbours(backend)?;
+            }
             self.release_blocks(backend, 0, false)?;
             self.release_blocks(backend, 0, true)?;
         }
@@ -932,10 +1072,7 @@ impl<B: Backend> Inner<B> {
             return Ok(());
         }
         for qi in 0..self.event_queues.len() {
-            loop {
-                let Some((ev, _)) = self.event_queues[qi].1.front() else {
-                    break;
-                };
+            while let Some((ev, _)) = self.event_queues[qi].1.front() {
                 if !backend.query_event(ev)? {
                     break;
                 }
@@ -1032,10 +1169,10 @@ impl<B: Backend> Inner<B> {
         if let Some(id) = self.get_free_block(&p) {
             return Ok(AllocOutcome::Ok(self.alloc_found_block(id, &p)));
         }
-        if !self.captures.is_empty() {
-            if let Some(id) = self.cross_stream_reuse(backend, &p)? {
-                return Ok(AllocOutcome::Ok(self.alloc_found_block(id, &p)));
-            }
+        if !self.captures.is_empty()
+            && let Some(id) = self.cross_stream_reuse(backend, &p)?
+        {
+            return Ok(AllocOutcome::Ok(self.alloc_found_block(id, &p)));
         }
         self.malloc_slow(backend, &p)
     }
@@ -1045,7 +1182,13 @@ impl<B: Backend> Inner<B> {
         if self.allowed_max.is_some() && self.config.garbage_collection_threshold > 0.0 {
             self.garbage_collect(backend)?;
         }
-        let mut found = self.alloc_block(backend, p)?;
+        let mut found = None;
+        if self.config.idle_stream_reuse && self.captures.is_empty() {
+            found = self.take_idle_block(backend, p)?;
+        }
+        if found.is_none() {
+            found = self.alloc_block(backend, p)?;
+        }
         if found.is_none() && self.release_available_cached_blocks(backend, p)? {
             found = self.alloc_block(backend, p)?;
         }
