@@ -170,6 +170,34 @@ impl HoleTree {
         self.root = self.merge(l, r2);
     }
 
+    /// Changes the hole keyed `key` in place to `(start, len)`. The caller
+    /// guarantees that `start` keeps the key order (no other hole starts
+    /// between `key` and `start`). Returns false if there is no such hole.
+    fn update(&mut self, key: u64, start: u64, len: u64) -> bool {
+        let root = self.root;
+        self.update_in(root, key, start, len)
+    }
+
+    fn update_in(&mut self, t: u32, key: u64, start: u64, len: u64) -> bool {
+        if t == NIL {
+            return false;
+        }
+        let node = self.n[t as usize];
+        let found = if key < node.start {
+            self.update_in(node.l, key, start, len)
+        } else if key > node.start {
+            self.update_in(node.r, key, start, len)
+        } else {
+            self.n[t as usize].start = start;
+            self.n[t as usize].len = len;
+            true
+        };
+        if found {
+            self.pull(t);
+        }
+        found
+    }
+
     /// Lowest-start hole with `start >= from` and `len >= min_len`.
     fn first_fit(&self, from: u64, min_len: u64) -> Option<(u64, u64)> {
         let t = self.find(self.root, from, min_len)?;
@@ -245,22 +273,38 @@ impl AddressSpace {
         self.tree.remove(start);
     }
 
+    /// Moves or resizes the hole starting at `key` to `[start, end)` in
+    /// place (key order must be preserved).
+    fn update_hole(&mut self, key: u64, start: u64, end: u64) {
+        if key != start {
+            self.holes.remove(&key);
+        }
+        self.holes.insert(start, end);
+        let ok = self.tree.update(key, start, end - start);
+        debug_assert!(ok, "hole {key:#x} missing from the tree");
+    }
+
     /// Adds a free range, coalescing it with adjacent holes.
-    fn add_free(&mut self, mut start: u64, mut end: u64) {
+    fn add_free(&mut self, start: u64, end: u64) {
         if start >= end {
             return;
         }
-        if let Some((&ps, &pe)) = self.holes.range(..start).next_back()
-            && pe == start
-        {
-            self.remove_hole(ps);
-            start = ps;
+        let pred = self
+            .holes
+            .range(..start)
+            .next_back()
+            .filter(|&(_, &pe)| pe == start)
+            .map(|(&ps, _)| ps);
+        let succ = self.holes.get(&end).copied();
+        match (pred, succ) {
+            (Some(ps), Some(ne)) => {
+                self.remove_hole(end);
+                self.update_hole(ps, ps, ne);
+            }
+            (Some(ps), None) => self.update_hole(ps, ps, end),
+            (None, Some(ne)) => self.update_hole(end, start, ne),
+            (None, None) => self.insert_hole(start, end),
         }
-        if let Some(&ne) = self.holes.get(&end) {
-            self.remove_hole(end);
-            end = ne;
-        }
-        self.insert_hole(start, end);
     }
 
     /// Places a segment of `size` bytes; `None` if the range has no room.
@@ -276,12 +320,15 @@ impl AddressSpace {
             if let Some(ae) = a.checked_add(size)
                 && ae <= he
             {
-                self.remove_hole(hs);
-                if a > hs {
-                    self.insert_hole(hs, a);
-                }
-                if ae < he {
-                    self.insert_hole(ae, he);
+                match (a > hs, ae < he) {
+                    (false, false) => self.remove_hole(hs),
+                    (false, true) => self.update_hole(hs, ae, he),
+                    (true, tail) => {
+                        self.update_hole(hs, hs, a);
+                        if tail {
+                            self.insert_hole(ae, he);
+                        }
+                    }
                 }
                 return Some(a);
             }
@@ -338,6 +385,10 @@ mod tests {
             } else if i % 3 == 0 {
                 naive.remove(&start);
                 t.remove(start);
+            } else if let Some(len) = naive.get_mut(&start) {
+                // Resize in place (keeps the key order).
+                *len = (x >> 11) % 1000 + 1;
+                assert!(t.update(start, start, *len));
             }
             let from = (x >> 33) % 100_000;
             let min = (x >> 40) % 1100;
@@ -346,6 +397,109 @@ mod tests {
                 .find(|(_, l)| **l >= min)
                 .map(|(&s, &l)| (s, l));
             assert_eq!(t.first_fit(from, min), want);
+        }
+    }
+
+    /// Naive reference: sorted free list, linear first fit.
+    struct Naive {
+        policy: Placement,
+        base: u64,
+        frontier: u64,
+        free: Vec<(u64, u64)>,
+    }
+
+    impl Naive {
+        fn new(policy: Placement, base: u64, size: u64) -> Self {
+            let free = if policy == Placement::Increasing {
+                vec![(base, base + size)]
+            } else {
+                Vec::new()
+            };
+            Self {
+                policy,
+                base,
+                frontier: base + size,
+                free,
+            }
+        }
+
+        fn add(&mut self, s: u64, e: u64) {
+            self.free.push((s, e));
+            self.free.sort();
+            let mut out: Vec<(u64, u64)> = Vec::new();
+            for &(s, e) in &self.free {
+                match out.last_mut() {
+                    Some(last) if last.1 == s => last.1 = e,
+                    _ => out.push((s, e)),
+                }
+            }
+            self.free = out;
+        }
+
+        fn allocate(&mut self, size: u64) -> Option<u64> {
+            let al = alignment_for(size);
+            for k in 0..self.free.len() {
+                let (s, e) = self.free[k];
+                let a = s.div_ceil(al) * al;
+                if a + size <= e {
+                    self.free.remove(k);
+                    if s < a {
+                        self.add(s, a);
+                    }
+                    if a + size < e {
+                        self.add(a + size, e);
+                    }
+                    return Some(a);
+                }
+            }
+            if self.policy == Placement::Increasing {
+                return None;
+            }
+            let claim = size.div_ceil(CHUNK) * CHUNK;
+            if self.frontier - self.base < claim {
+                return None;
+            }
+            let old = self.frontier;
+            self.frontier -= claim;
+            if self.frontier + size < old {
+                self.add(self.frontier + size, old);
+            }
+            Some(self.frontier)
+        }
+    }
+
+    #[test]
+    fn address_space_matches_naive_model() {
+        for policy in [Placement::Cuda13, Placement::Increasing] {
+            let base = 0x7f00_0000_0000;
+            let size = 4096 * MIB;
+            let mut s = AddressSpace::new(policy, base, size);
+            let mut n = Naive::new(policy, base, size);
+            let mut live: Vec<(u64, u64)> = Vec::new();
+            let mut x: u64 = 99;
+            for _ in 0..4000 {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let r = x >> 16;
+                if r % 5 < 2 && !live.is_empty() {
+                    let (a, sz) = live.swap_remove((r as usize / 5) % live.len());
+                    s.release(a, sz);
+                    n.add(a, a + sz);
+                } else {
+                    let sz = match r % 3 {
+                        0 => ((r >> 8) % 8 + 1) * 512,
+                        1 => ((r >> 8) % 40 + 1) * 2 * MIB,
+                        _ => ((r >> 8) % 20000 + 1) * 2048,
+                    };
+                    let got = s.allocate(sz);
+                    assert_eq!(got, n.allocate(sz), "{policy:?} size {sz}");
+                    if let Some(a) = got {
+                        live.push((a, sz));
+                    }
+                }
+                assert_eq!(s.holes(), n.free);
+            }
         }
     }
 
