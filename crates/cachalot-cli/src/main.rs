@@ -1,2 +1,168 @@
-//! placeholder
-fn main() {}
+//! The `cachalot` command: replay allocation traces through the caching
+//! allocator (as PyTorch's `cca_replay`), print the memory summary, plot
+//! memory over time, and export snapshots for PyTorch's viewer.
+//!
+//! Exit codes: 0 success; 1 a failure while running (an allocator or I/O
+//! error); 2 bad input (usage, unreadable or malformed trace, unknown or
+//! unavailable backend, bad allocator config).
+#![forbid(unsafe_code)]
+
+mod capture_sim;
+mod plot;
+mod raster;
+mod run;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+/// An error of the command with its exit code.
+#[derive(Debug)]
+pub struct CliError {
+    /// Process exit code (1 or 2).
+    pub code: u8,
+    /// The message printed on stderr.
+    pub message: String,
+}
+
+impl CliError {
+    /// Bad input: exit code 2.
+    pub fn usage(message: impl Into<String>) -> Self {
+        Self {
+            code: 2,
+            message: message.into(),
+        }
+    }
+
+    /// A failure while running: exit code 1.
+    pub fn failure(message: impl Into<String>) -> Self {
+        Self {
+            code: 1,
+            message: message.into(),
+        }
+    }
+}
+
+/// Replay allocation traces through the cachalot caching allocator.
+#[derive(Parser, Debug)]
+#[command(name = "cachalot", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Options shared by the commands that run a trace.
+#[derive(Args, Debug, Clone)]
+pub struct DeviceOpts {
+    /// Backend: mock, cuda, hip or level-zero (default: $CACHALOT_BACKEND,
+    /// else cuda when a GPU is present, else mock). The mock is an H200-sized
+    /// simulated device (150,754,820,096 bytes) whose work completes at once.
+    #[arg(long)]
+    pub backend: Option<String>,
+    /// Allocator config string, PyTorch's syntax (e.g.
+    /// "max_split_size_mb:256,garbage_collection_threshold:0.8"); default:
+    /// $CACHALOT_ALLOC_CONF, then $PYTORCH_CUDA_ALLOC_CONF, ...
+    #[arg(long)]
+    pub config: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Replay traces as PyTorch's cca_replay and report peak memory,
+    /// device allocations and host time per operation.
+    Replay {
+        /// Trace files, or synthetic trace names (hit_1mib, churn_1stream,
+        /// churn_4streams).
+        #[arg(required = true, value_name = "TRACE")]
+        traces: Vec<String>,
+        #[command(flatten)]
+        device: DeviceOpts,
+        /// Passes over each trace (the first is cold, the median of the
+        /// others is the warm figure).
+        #[arg(long, default_value_t = 5)]
+        passes: usize,
+        /// One JSON line per trace with cca_replay's fields.
+        #[arg(long)]
+        json: bool,
+        /// Print the final memory_stats() as one flat JSON object (PyTorch's 122 keys).
+        #[arg(long)]
+        stats: bool,
+        /// Write a snapshot after the replay, with the memory history recorded
+        /// during it: a pickle for torch.cuda._memory_viz when OUT ends in
+        /// .pickle (or .pkl), else JSON. With several traces the trace name
+        /// is added to the file name.
+        #[arg(long, value_name = "OUT")]
+        snapshot: Option<PathBuf>,
+    },
+    /// Replay a trace once, without freeing the blocks still live at its
+    /// end, and print the torch.cuda.memory_summary() table.
+    Summary {
+        /// Trace file or synthetic trace name.
+        trace: String,
+        #[command(flatten)]
+        device: DeviceOpts,
+        /// Leave out the per-pool lines.
+        #[arg(long)]
+        abbreviated: bool,
+    },
+    /// Plot allocated and reserved bytes over the operations of a trace
+    /// (total and per stream) as SVG or PNG (by the extension of -o).
+    Plot {
+        /// Trace file or synthetic trace name.
+        trace: String,
+        #[command(flatten)]
+        device: DeviceOpts,
+        /// Output file (.svg or .png).
+        #[arg(short, long, value_name = "FILE")]
+        output: PathBuf,
+        /// Image width in pixels.
+        #[arg(long, default_value_t = 1200)]
+        width: u32,
+        /// Image height in pixels.
+        #[arg(long, default_value_t = 600)]
+        height: u32,
+    },
+    /// Simulate graph capture on a trace (not implemented yet).
+    CaptureSim(capture_sim::CaptureSimArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    let result = match cli.command {
+        Command::Replay {
+            traces,
+            device,
+            passes,
+            json,
+            stats,
+            snapshot,
+        } => run::replay_cmd(&traces, &device, passes, json, stats, snapshot.as_deref()),
+        Command::Summary {
+            trace,
+            device,
+            abbreviated,
+        } => run::summary_cmd(&trace, &device, abbreviated),
+        Command::Plot {
+            trace,
+            device,
+            output,
+            width,
+            height,
+        } => plot::plot_cmd(&trace, &device, &output, width, height),
+        Command::CaptureSim(args) => capture_sim::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cachalot: error: {}", e.message);
+            ExitCode::from(e.code)
+        }
+    }
+}
