@@ -117,7 +117,7 @@ impl Harness for MockHarness {
         backend.launch(stream).expect("launch");
     }
     fn release(&self, backend: &MockBackend, stream: MockStream) {
-        backend.complete(stream);
+        backend.complete(stream).expect("complete");
     }
     fn fill(&self, backend: &MockBackend, addr: u64, len: u64, value: u8, stream: MockStream) {
         backend

@@ -343,7 +343,7 @@ fn record_stream_defers_reuse_until_the_stream_completes() {
     assert_ne!(q, p);
     d.free(q);
     // after the side stream finishes, the next malloc frees the pending block
-    d.m.complete(side);
+    d.m.complete(side).unwrap();
     let r = d.alloc(4 * MIB);
     let s = d.a.stats();
     assert_eq!(s.active.all().current, 1);
