@@ -66,6 +66,7 @@ impl<B: Backend> Inner<B> {
                 let hit = match &c.filter {
                     PoolFilter::Streams(v) => v.contains(&stream),
                     PoolFilter::CaptureId(id) => *id == info.id,
+                    PoolFilter::CaptureOf(_) => c.resolved == Some(info.id),
                 };
                 if hit {
                     pool = Some(c.pool);

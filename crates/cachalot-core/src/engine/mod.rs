@@ -201,7 +201,7 @@ impl<B: Backend> CachingAllocator<B> {
         filter: PoolFilter<B::Stream>,
     ) -> Result<(), Error> {
         if !self.backend.supports_capture()
-            && let PoolFilter::CaptureId(_) = filter
+            && matches!(filter, PoolFilter::CaptureId(_) | PoolFilter::CaptureOf(_))
         {
             return Err(crate::error::CaptureError::Unsupported(self.backend.name()).into());
         }

@@ -250,12 +250,19 @@ pub enum PoolFilter<S> {
     CaptureId(u64),
     /// Exactly these streams.
     Streams(Vec<S>),
+    /// Streams capturing into the same capture as this stream. Register it
+    /// *before* beginning the backend capture on the stream (as PyTorch
+    /// calls `beginAllocateToPool` before `cudaStreamBeginCapture`); the
+    /// capture id is learned at the first allocation.
+    CaptureOf(S),
 }
 
 /// A capture (or pool context) registered with the allocator.
 pub(crate) struct CaptureEntry<S> {
     pub pool: PoolId,
     pub filter: PoolFilter<S>,
+    /// Capture id learned for `PoolFilter::CaptureOf`.
+    pub resolved: Option<u64>,
 }
 
 /// A block freed during capture with cross-stream uses.
@@ -427,15 +434,43 @@ impl<B: Backend> Inner<B> {
     // ----- pool choice -----
 
     /// The pool pair for an allocation on `stream` (spec 2.3).
-    pub fn choose_pool(&self, backend: &B, stream: B::Stream) -> Result<PoolIdx, Error> {
-        for c in self.captures.iter().rev() {
-            let hit = match &c.filter {
+    pub fn choose_pool(&mut self, backend: &B, stream: B::Stream) -> Result<PoolIdx, Error> {
+        let mut mine: Option<crate::backend::CaptureInfo<B::Node>> = None;
+        for ci in (0..self.captures.len()).rev() {
+            let hit = match self.captures[ci].filter.clone() {
                 PoolFilter::Streams(v) => v.contains(&stream),
                 PoolFilter::CaptureId(id) => {
-                    let info = backend.capture_info(stream)?;
-                    info.status == crate::backend::CaptureStatus::Active && info.id == *id
+                    let info = match &mine {
+                        Some(i) => i,
+                        None => mine.insert(backend.capture_info(stream)?),
+                    };
+                    info.status == crate::backend::CaptureStatus::Active && info.id == id
+                }
+                PoolFilter::CaptureOf(origin) => {
+                    let info = match &mine {
+                        Some(i) => i,
+                        None => mine.insert(backend.capture_info(stream)?),
+                    };
+                    if info.status != crate::backend::CaptureStatus::Active {
+                        false
+                    } else {
+                        let id = info.id;
+                        let want = match self.captures[ci].resolved {
+                            Some(r) => r,
+                            None => {
+                                let o = backend.capture_info(origin)?;
+                                if o.status != crate::backend::CaptureStatus::Active {
+                                    continue;
+                                }
+                                self.captures[ci].resolved = Some(o.id);
+                                o.id
+                            }
+                        };
+                        id == want
+                    }
                 }
             };
+            let c = &self.captures[ci];
             if hit {
                 return Ok(self.pool_index[&c.pool]);
             }
@@ -1408,7 +1443,11 @@ impl<B: Backend> Inner<B> {
                 self.pool_index.insert(id, idx as PoolIdx);
             }
         }
-        self.captures.push(CaptureEntry { pool: id, filter });
+        self.captures.push(CaptureEntry {
+            pool: id,
+            filter,
+            resolved: None,
+        });
         Ok(())
     }
 
