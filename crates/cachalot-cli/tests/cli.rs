@@ -1,0 +1,422 @@
+//! The `cachalot` binary end to end, on the mock backend.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn bin() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_cachalot"));
+    c.env_remove("CACHALOT_ALLOC_CONF")
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .env_remove("PYTORCH_HIP_ALLOC_CONF")
+        .env_remove("PYTORCH_ALLOC_CONF")
+        .env_remove("CACHALOT_BACKEND");
+    c
+}
+
+fn run(args: &[&str]) -> Output {
+    bin().args(args).output().expect("run cachalot")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn tmp_dir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("cachalot-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A small two-stream trace: a 3 MiB and a 1000 B block on stream 0, a
+/// 25 MiB block on stream 1, one block left live at the end.
+fn small_trace() -> PathBuf {
+    let p = tmp_dir().join("small.trace");
+    std::fs::write(
+        &p,
+        "# small\na 0 3145728 0\na 1 1000 0\na 2 26214400 1\nf 0\nf 2\na 3 512 1\n",
+    )
+    .unwrap();
+    p
+}
+
+fn repo_trace(name: &str) -> String {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../traces")
+        .join(name);
+    p.to_str().unwrap().to_string()
+}
+
+const REPLAY_FIELDS: [&str; 9] = [
+    "trace",
+    "ops",
+    "cold_ns_per_op",
+    "warm_ns_per_op",
+    "peak_reserved",
+    "peak_allocated",
+    "device_allocs_cold",
+    "device_allocs_all",
+    "alloc_retries",
+];
+
+#[test]
+fn replay_json_has_cca_replay_fields() {
+    let t = small_trace();
+    let o = run(&[
+        "replay",
+        t.to_str().unwrap(),
+        "--backend",
+        "mock",
+        "--json",
+        "--passes",
+        "3",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 1, "{out}");
+    let v: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+    let obj = v.as_object().unwrap();
+    let keys: Vec<&str> = obj.keys().map(String::as_str).collect();
+    let mut want = REPLAY_FIELDS.to_vec();
+    want.sort();
+    let mut got = keys.clone();
+    got.sort();
+    assert_eq!(got, want);
+    assert_eq!(v["trace"], "small");
+    assert_eq!(v["ops"], 6);
+    // 3 MiB → a 20 MiB segment; 1000 B → a 2 MiB small segment; 25 MiB on
+    // stream 1 → a 26 MiB segment (rounded to 2 MiB, handed out whole: the
+    // 1 MiB rest is not split off); 512 B on stream 1 → another small segment.
+    assert_eq!(v["device_allocs_cold"], 4);
+    assert_eq!(v["device_allocs_all"], 4, "warm passes hit the cache");
+    assert_eq!(
+        v["peak_reserved"].as_i64().unwrap(),
+        (20 << 20) + (2 << 20) + (26 << 20) + (2 << 20)
+    );
+    assert_eq!(
+        v["peak_allocated"].as_i64().unwrap(),
+        3145728 + 1024 + (26 << 20)
+    );
+    assert_eq!(v["alloc_retries"], 0);
+}
+
+#[test]
+fn replay_several_traces_and_synthetic_names() {
+    let o = run(&[
+        "replay",
+        &repo_trace("side_stream_pipeline.trace"),
+        "hit_1mib",
+        "--backend",
+        "mock",
+        "--json",
+        "--passes",
+        "1",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let names: Vec<String> = out
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["trace"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(names, ["side_stream_pipeline", "hit_1mib"]);
+}
+
+#[test]
+fn replay_human_output_is_a_table() {
+    let t = small_trace();
+    let o = run(&["replay", t.to_str().unwrap(), "--backend", "mock"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for row in [
+        "trace small (mock backend, 5 passes)",
+        "ops per pass",
+        "peak reserved",
+        "peak allocated",
+        "reserved/allocated",
+        "device allocs (cold)",
+        "device frees (all)",
+        "cold ns/op",
+        "warm ns/op",
+    ] {
+        assert!(out.contains(row), "missing {row:?} in\n{out}");
+    }
+}
+
+#[test]
+fn stats_prints_122_pytorch_keys() {
+    let t = small_trace();
+    let o = run(&[
+        "replay",
+        t.to_str().unwrap(),
+        "--backend",
+        "mock",
+        "--json",
+        "--stats",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2);
+    let v: serde_json::Value = serde_json::from_str(lines[1]).unwrap();
+    let m = v.as_object().unwrap();
+    assert_eq!(m.len(), 122);
+    let keys: Vec<&String> = m.keys().collect();
+    let mut sorted = keys.clone();
+    sorted.sort();
+    assert_eq!(keys, sorted, "keys are sorted");
+    assert_eq!(m["max_split_size"], -1);
+    assert_eq!(
+        m["allocated_bytes.all.current"], 0,
+        "replay frees everything"
+    );
+    assert_eq!(m["num_device_alloc"], 4);
+    assert!(m.contains_key("reserved_bytes.large_pool.peak"));
+    assert!(m.contains_key("oversize_segments.freed"));
+}
+
+#[test]
+fn bad_config_exits_2_naming_the_key() {
+    let o = run(&[
+        "replay",
+        "hit_1mib",
+        "--backend",
+        "mock",
+        "--config",
+        "max_split_size_mb:lots",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(err.contains("max_split_size_mb"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let o = run(&[
+        "summary",
+        "hit_1mib",
+        "--backend",
+        "mock",
+        "--config",
+        "no_such_key:1",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("no_such_key"), "{}", stderr(&o));
+    // From the environment too.
+    let o = bin()
+        .args(["replay", "hit_1mib", "--backend", "mock"])
+        .env("CACHALOT_ALLOC_CONF", "garbage_collection_threshold:2")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("garbage_collection_threshold"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn bad_inputs_exit_2_without_panicking() {
+    let dir = tmp_dir();
+    let missing = dir.join("missing.trace");
+    let o = run(&["replay", missing.to_str().unwrap(), "--backend", "mock"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("missing.trace"), "{}", stderr(&o));
+
+    let bad = dir.join("bad.trace");
+    std::fs::write(&bad, "a 0 100 0\nx 1\n").unwrap();
+    let o = run(&["replay", bad.to_str().unwrap(), "--backend", "mock"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains(":2:"), "line number: {}", stderr(&o));
+
+    let o = run(&["replay", "hit_1mib", "--backend", "tpu"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("unknown backend 'tpu'"),
+        "{}",
+        stderr(&o)
+    );
+
+    let o = bin()
+        .args(["replay", "hit_1mib"])
+        .env("CACHALOT_BACKEND", "nonsense")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+
+    let o = run(&["replay"]);
+    assert_eq!(o.status.code(), Some(2), "clap usage error");
+
+    let o = run(&["plot", "hit_1mib", "--backend", "mock", "-o", "x.bmp"]);
+    assert_eq!(o.status.code(), Some(2));
+    for o in [
+        run(&[
+            "replay",
+            "hit_1mib",
+            "--backend",
+            "mock",
+            "--passes",
+            "1",
+            "--json",
+        ]),
+        run(&["summary", bad.to_str().unwrap()]),
+    ] {
+        assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+    }
+}
+
+#[test]
+fn snapshot_pickle_loads_in_python() {
+    if Command::new("python3").arg("--version").output().is_err() {
+        eprintln!("python3 not found: skipped");
+        return;
+    }
+    let t = small_trace();
+    let out = tmp_dir().join("snap.pickle");
+    let o = run(&[
+        "replay",
+        t.to_str().unwrap(),
+        "--backend",
+        "mock",
+        "--passes",
+        "2",
+        "--json",
+        "--snapshot",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let script = r#"
+import pickle, sys, collections
+d = pickle.load(open(sys.argv[1], "rb"))
+assert sorted(d) == ["allocator_settings", "device_traces", "external_annotations", "segments"]
+segs = d["segments"]
+# After the replay everything is freed but cached: 4 segments, all blocks inactive.
+assert len(segs) == 4, len(segs)
+assert all(b["state"] == "inactive" for s in segs for b in s["blocks"])
+assert sorted(s["segment_type"] for s in segs) == ["large", "large", "small", "small"]
+assert sorted({s["stream"] for s in segs}) == [0, 1]
+tr = d["device_traces"][0]
+c = collections.Counter(e["action"] for e in tr)
+# 2 passes x 4 allocations, each freed; 4 segments allocated once; a final snapshot.
+assert c["alloc"] == 8 and c["free_requested"] == 8 and c["free_completed"] == 8, c
+assert c["segment_alloc"] == 4 and c["snapshot"] == 1, c
+assert all(isinstance(e["frames"], list) for e in tr)
+print("ok")
+"#;
+    let py = Command::new("python3")
+        .args(["-c", script, out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        py.status.success(),
+        "{}",
+        String::from_utf8_lossy(&py.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&py.stdout).trim(), "ok");
+
+    // JSON when the name does not end in .pickle.
+    let json = tmp_dir().join("snap.json");
+    let o = run(&[
+        "replay",
+        t.to_str().unwrap(),
+        "--backend",
+        "mock",
+        "--snapshot",
+        json.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["segments"].as_array().unwrap().len(), 4);
+    assert_eq!(
+        v["segments"][0]["segment_pool_id"],
+        serde_json::json!([0, 0])
+    );
+}
+
+#[test]
+fn summary_shows_the_live_blocks() {
+    let t = small_trace();
+    let o = run(&["summary", t.to_str().unwrap(), "--backend", "mock"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for row in [
+        "Allocated memory",
+        "Active memory",
+        "Requested memory",
+        "GPU reserved memory",
+        "Non-releasable memory",
+        "Allocations",
+        "Active allocs",
+        "GPU reserved segments",
+        "Non-releasable allocs",
+        "Oversize allocations",
+        "Oversize GPU segments",
+        "from large pool",
+        "from small pool",
+        "Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed",
+    ] {
+        assert!(out.contains(row), "missing {row:?}:\n{out}");
+    }
+    // Blocks 1 (1000 B → 1024) and 3 (512 B) are live at the end.
+    let alloc_line = out
+        .lines()
+        .find(|l| l.contains("Allocated memory"))
+        .unwrap();
+    assert!(
+        alloc_line.starts_with("| Allocated memory      |   1536 B   |"),
+        "{alloc_line}"
+    );
+    let allocs = out
+        .lines()
+        .find(|l| l.starts_with("| Allocations "))
+        .unwrap();
+    assert!(allocs.contains("|       2    |"), "{allocs}");
+    assert!(out.lines().all(|l| l.chars().count() == 77));
+}
+
+#[test]
+fn plot_writes_svg_and_png() {
+    let dir = tmp_dir();
+    let svg = dir.join("m.svg");
+    let png = dir.join("m.png");
+    let trace = repo_trace("side_stream_pipeline.trace");
+    for out in [&svg, &png] {
+        let o = run(&[
+            "plot",
+            &trace,
+            "--backend",
+            "mock",
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    let s = std::fs::read_to_string(&svg).unwrap();
+    assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
+    for name in [
+        "reserved",
+        "allocated",
+        "allocated stream 1",
+        "reserved stream 0",
+    ] {
+        assert!(s.contains(&format!(">{name}<")), "legend {name}");
+    }
+    let p = std::fs::read(&png).unwrap();
+    assert_eq!(&p[..8], b"\x89PNG\r\n\x1a\n");
+    // IHDR: width 1200, height 600.
+    assert_eq!(&p[16..24], &[0, 0, 4, 176, 0, 0, 2, 88]);
+}
+
+#[test]
+fn capture_sim_is_a_stub() {
+    let o = run(&["capture-sim"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("not implemented"));
+}
