@@ -61,6 +61,19 @@ impl<B: Backend> Inner<B> {
             return Ok(None);
         }
         if !self.reuse_contexts.contains_key(&info.id) {
+            // A `CaptureOf` entry learns its capture id at the first
+            // allocation routed to it; a block freed in capture before any
+            // allocation (a default-pool block) must not wait for that.
+            for ci in 0..self.captures.len() {
+                if let PoolFilter::CaptureOf(origin) = self.captures[ci].filter
+                    && self.captures[ci].resolved.is_none()
+                {
+                    let o = backend.capture_info(origin)?;
+                    if o.status == CaptureStatus::Active {
+                        self.captures[ci].resolved = Some(o.id);
+                    }
+                }
+            }
             let mut pool = None;
             for c in self.captures.iter().rev() {
                 let hit = match &c.filter {

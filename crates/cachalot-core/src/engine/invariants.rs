@@ -68,7 +68,7 @@ impl<B: Backend> Inner<B> {
                     }
                     BState::Allocated => {
                         alloc_count += 1;
-                        if self.live.get(&b.addr) != Some(&id) {
+                        if self.live.get(b.addr) != Some(id) {
                             return Err(format!("allocated block {id} missing from the live map"));
                         }
                         expect.allocation.update(st, 1);

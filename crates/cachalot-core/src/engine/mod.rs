@@ -7,6 +7,7 @@
 //! garbage collection, the memory fraction, the OOM ladder and `empty_cache`.
 //! Deviations from PyTorch are bug fixes, each marked in a comment.
 
+mod addr_table;
 mod capture;
 pub mod history;
 mod invariants;
@@ -140,7 +141,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// whole block when it was not split), if `addr` is a live allocation.
     pub fn block_size(&self, addr: u64) -> Option<u64> {
         let g = self.inner.lock();
-        g.live.get(&addr).map(|&id| g.blocks[id as usize].size)
+        g.live.get(addr).map(|id| g.blocks[id as usize].size)
     }
 
     /// Releases every whole free segment of the default pools (and of private
@@ -290,7 +291,7 @@ impl<B: Backend> CachingAllocator<B> {
         let mut v: Vec<(u64, u64)> = g
             .live
             .iter()
-            .map(|(&a, &id)| (a, g.blocks[id as usize].size))
+            .map(|(a, id)| (a, g.blocks[id as usize].size))
             .collect();
         v.sort_unstable();
         v

@@ -2,7 +2,6 @@
 //! Everything here runs under the allocator's lock.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::backend::{Backend, DevicePointer};
 use crate::config::{AllocatorConfig, CaptureReuse};
@@ -22,26 +21,7 @@ pub(crate) type PoolIdx = u32;
 /// A memory pool id as PyTorch's `MempoolId_t`; (0,0) is the default pool.
 pub type PoolId = (u64, u64);
 
-/// A cheap hasher for device addresses (multiples of 512).
-#[derive(Default, Clone, Copy)]
-pub(crate) struct AddrHasher(u64);
-impl Hasher for AddrHasher {
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ *b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    #[inline]
-    fn write_u64(&mut self, x: u64) {
-        self.0 = (x >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-pub(crate) type AddrMap<V> = HashMap<u64, V, BuildHasherDefault<AddrHasher>>;
+
 
 /// Life-cycle state of a block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -308,7 +288,7 @@ pub(crate) struct Inner<B: Backend> {
     pub pools: Vec<Option<PoolPair<B::Stream>>>,
     pub pool_index: HashMap<PoolId, PoolIdx>,
     pub segments: BTreeMap<u64, Segment>,
-    pub live: AddrMap<BlockId>,
+    pub live: crate::engine::addr_table::AddrTable,
     pub stats: DeviceStats,
     pub config: AllocatorConfig,
     /// Per-stream FIFOs of (event, block) in record order.
@@ -346,7 +326,7 @@ impl<B: Backend> Inner<B> {
             })],
             pool_index,
             segments: BTreeMap::new(),
-            live: AddrMap::default(),
+            live: Default::default(),
             stats,
             event_queues: Vec::new(),
             outstanding_events: 0,
@@ -1301,7 +1281,7 @@ impl<B: Backend> Inner<B> {
 
     /// The caller's free of `addr`.
     pub fn free(&mut self, backend: &B, addr: u64) -> Result<(), Error> {
-        let Some(id) = self.live.remove(&addr) else {
+        let Some(id) = self.live.remove(addr) else {
             return Err(self.classify_bad_pointer(addr, true));
         };
         if self.history.is_some() {
@@ -1360,7 +1340,7 @@ impl<B: Backend> Inner<B> {
     }
 
     pub fn record_stream(&mut self, addr: u64, stream: B::Stream) -> Result<(), Error> {
-        let Some(&id) = self.live.get(&addr) else {
+        let Some(id) = self.live.get(addr) else {
             return Err(self.classify_bad_pointer(addr, false));
         };
         let capturing = !self.captures.is_empty();
@@ -1476,7 +1456,12 @@ impl<B: Backend> Inner<B> {
                 }
             }
         }
-        if self.captures.is_empty() {
+        // 2.11 frees no deferred block at capture end (`active` unchanged),
+        // so a second capture into a shared pool cannot reuse them: `pytorch`
+        // mode leaves them to the next malloc outside capture.
+        if self.captures.is_empty()
+            && self.config.graph_capture_record_stream_reuse != CaptureReuse::PyTorch
+        {
             self.flush_deferred(backend)?;
         }
         Ok(())

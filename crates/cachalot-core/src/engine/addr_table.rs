@@ -1,0 +1,182 @@
+//! An open-addressing map from device address to block id, for the live
+//! (handed-out) blocks: linear probing with backward-shift deletion, so the
+//! constant insert/remove churn of an allocator leaves no tombstones and
+//! never triggers rehashing in place.
+
+use crate::engine::state::BlockId;
+
+const EMPTY: u64 = 0;
+
+/// Address → block id. Address 0 is never a key (it is the null allocation).
+pub(crate) struct AddrTable {
+    keys: Vec<u64>,
+    vals: Vec<BlockId>,
+    len: usize,
+    mask: usize,
+}
+
+#[inline]
+fn hash(addr: u64) -> usize {
+    // addresses are multiples of 512: drop the zero bits, then mix
+    let x = (addr >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (x ^ (x >> 29)) as usize
+}
+
+impl Default for AddrTable {
+    fn default() -> Self {
+        Self::with_capacity_pow2(64)
+    }
+}
+
+impl AddrTable {
+    fn with_capacity_pow2(cap: usize) -> Self {
+        Self {
+            keys: vec![EMPTY; cap],
+            vals: vec![0; cap],
+            len: 0,
+            mask: cap - 1,
+        }
+    }
+
+    /// Number of entries.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The block id of `addr`.
+    #[inline]
+    pub fn get(&self, addr: u64) -> Option<BlockId> {
+        if addr == EMPTY {
+            return None;
+        }
+        let mut i = hash(addr) & self.mask;
+        loop {
+            let k = self.keys[i];
+            if k == addr {
+                return Some(self.vals[i]);
+            }
+            if k == EMPTY {
+                return None;
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
+    /// Inserts or replaces `addr`.
+    #[inline]
+    pub fn insert(&mut self, addr: u64, id: BlockId) {
+        debug_assert_ne!(addr, EMPTY);
+        if (self.len + 1) * 8 > self.keys.len() * 7 {
+            self.grow();
+        }
+        let mut i = hash(addr) & self.mask;
+        loop {
+            let k = self.keys[i];
+            if k == EMPTY {
+                self.keys[i] = addr;
+                self.vals[i] = id;
+                self.len += 1;
+                return;
+            }
+            if k == addr {
+                self.vals[i] = id;
+                return;
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
+    /// Removes `addr`, returning its block id.
+    #[inline]
+    pub fn remove(&mut self, addr: u64) -> Option<BlockId> {
+        if addr == EMPTY {
+            return None;
+        }
+        let mut i = hash(addr) & self.mask;
+        loop {
+            let k = self.keys[i];
+            if k == EMPTY {
+                return None;
+            }
+            if k == addr {
+                break;
+            }
+            i = (i + 1) & self.mask;
+        }
+        let id = self.vals[i];
+        self.len -= 1;
+        // backward-shift: pull later entries of the probe run into the hole
+        let mut hole = i;
+        let mut j = (i + 1) & self.mask;
+        loop {
+            let k = self.keys[j];
+            if k == EMPTY {
+                break;
+            }
+            let home = hash(k) & self.mask;
+            // move k into the hole if its home is not in (hole, j]
+            let dist_j = j.wrapping_sub(home) & self.mask;
+            let dist_hole = j.wrapping_sub(hole) & self.mask;
+            if dist_j >= dist_hole {
+                self.keys[hole] = k;
+                self.vals[hole] = self.vals[j];
+                hole = j;
+            }
+            j = (j + 1) & self.mask;
+        }
+        self.keys[hole] = EMPTY;
+        Some(id)
+    }
+
+    #[cold]
+    fn grow(&mut self) {
+        let old = std::mem::replace(self, Self::with_capacity_pow2(self.keys.len() * 2));
+        for (k, v) in old.keys.into_iter().zip(old.vals) {
+            if k != EMPTY {
+                self.insert(k, v);
+            }
+        }
+    }
+
+    /// Every (address, block id).
+    pub fn iter(&self) -> impl Iterator<Item = (u64, BlockId)> + '_ {
+        self.keys
+            .iter()
+            .zip(&self.vals)
+            .filter(|(k, _)| **k != EMPTY)
+            .map(|(k, v)| (*k, *v))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn matches_a_hashmap_under_churn() {
+        let mut t = AddrTable::default();
+        let mut m: HashMap<u64, BlockId> = HashMap::new();
+        let mut x: u64 = 0x1234_5678;
+        for i in 0..200_000u32 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let addr = ((x % 5000) + 1) * 512;
+            if x & 3 == 0 {
+                assert_eq!(t.remove(addr), m.remove(&addr));
+            } else {
+                t.insert(addr, i);
+                m.insert(addr, i);
+            }
+            assert_eq!(t.len(), m.len());
+        }
+        for (k, v) in &m {
+            assert_eq!(t.get(*k), Some(*v));
+        }
+        assert_eq!(t.iter().count(), m.len());
+        assert_eq!(t.get(0), None);
+        assert_eq!(t.remove(0), None);
+    }
+}
