@@ -42,6 +42,28 @@ impl CliError {
             message: message.into(),
         }
     }
+
+    /// A failed write to stdout: a closed pipe (`cachalot ... | head`) ends
+    /// the command quietly with success, any other error is a failure.
+    pub fn output(e: std::io::Error) -> Self {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            Self {
+                code: 0,
+                message: String::new(),
+            }
+        } else {
+            Self::failure(format!("writing output: {e}"))
+        }
+    }
+}
+
+/// Writes `text` to stdout (see [`CliError::output`] for errors).
+pub fn print_out(text: &str) -> Result<(), CliError> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(CliError::output)
 }
 
 /// Replay allocation traces through the cachalot caching allocator.
@@ -161,7 +183,9 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("cachalot: error: {}", e.message);
+            if !e.message.is_empty() {
+                eprintln!("cachalot: error: {}", e.message);
+            }
             ExitCode::from(e.code)
         }
     }

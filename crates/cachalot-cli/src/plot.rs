@@ -181,8 +181,7 @@ pub fn plot_cmd(
     };
     std::fs::write(output, bytes)
         .map_err(|e| CliError::failure(format!("writing {}: {e}", output.display())))?;
-    println!("wrote {}", output.display());
-    Ok(())
+    crate::print_out(&format!("wrote {}\n", output.display()))
 }
 
 /// Axis ranges, tick positions and the data-to-pixel mapping.

@@ -178,7 +178,7 @@ pub fn replay_cmd(
             b.finish_and_clear();
         }
         let mut out = stdout.lock();
-        let io = |e: std::io::Error| CliError::failure(format!("writing output: {e}"));
+        let io = CliError::output;
         if json {
             writeln!(out, "{}", report.to_json()).map_err(io)?;
         } else {
@@ -256,6 +256,7 @@ pub fn summary_cmd(trace: &str, opts: &DeviceOpts, abbreviated: bool) -> Result<
     let trace = load_trace(trace)?;
     let dev = open_device(kind, config)?;
     let live = run_ops(&dev, &trace, |_, _, _| {})?;
-    print!("{}", dev.memory_summary(abbreviated));
-    free_all(&dev, live)
+    let table = dev.memory_summary(abbreviated);
+    free_all(&dev, live)?;
+    crate::print_out(&table)
 }

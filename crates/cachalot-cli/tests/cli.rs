@@ -420,3 +420,22 @@ fn capture_sim_is_a_stub() {
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("not implemented"));
 }
+
+#[test]
+fn closed_stdout_is_not_a_panic() {
+    use std::process::Stdio;
+    let mut child = bin()
+        .args(["summary", "hit_1mib", "--backend", "mock"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        let stdout = child.stdout.take().unwrap();
+        // Close the pipe right away (as `| head -0` would).
+        drop(stdout);
+    }
+    let o = child.wait_with_output().unwrap();
+    assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}
