@@ -21,8 +21,6 @@ pub(crate) type PoolIdx = u32;
 /// A memory pool id as PyTorch's `MempoolId_t`; (0,0) is the default pool.
 pub type PoolId = (u64, u64);
 
-
-
 /// Life-cycle state of a block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum BState {

@@ -1,0 +1,45 @@
+//! The hit path: allocate and free a cached block (no device call), on the
+//! mock device, for a small-pool and a large-pool size, and with a second
+//! stream's blocks in the cache.
+
+use cachalot_core::{AllocatorConfig, Backend, CachingAllocator};
+use cachalot_mock::MockConfig;
+use criterion::{Criterion, criterion_group, criterion_main};
+use std::hint::black_box;
+
+fn hit_path(c: &mut Criterion) {
+    let m = MockConfig::new(80 << 30).auto_complete(true).build();
+    let s = m.default_stream();
+    let a = CachingAllocator::with_config(m, AllocatorConfig::default()).expect("allocator");
+    for (name, size) in [
+        ("alloc_free_1mib", 1u64 << 20),
+        ("alloc_free_4kib", 4096),
+        ("alloc_free_24mib", 24 << 20),
+    ] {
+        // warm the cache
+        let p = a.allocate(size, s).expect("alloc");
+        a.free(p).expect("free");
+        c.bench_function(name, |b| {
+            b.iter(|| {
+                let p = a.allocate(black_box(size), s).expect("alloc");
+                a.free(black_box(p)).expect("free");
+            })
+        });
+    }
+    // a busy cache: 1000 live blocks of mixed sizes around the hit
+    let live: Vec<u64> = (0..1000u64)
+        .map(|i| a.allocate(512 + (i * 7919) % (8 << 20), s).expect("alloc"))
+        .collect();
+    c.bench_function("alloc_free_1mib_with_1000_live", |b| {
+        b.iter(|| {
+            let p = a.allocate(black_box(1 << 20), s).expect("alloc");
+            a.free(black_box(p)).expect("free");
+        })
+    });
+    for p in live {
+        a.free(p).expect("free");
+    }
+}
+
+criterion_group!(benches, hit_path);
+criterion_main!(benches);
