@@ -474,3 +474,80 @@ mod synth_check {
         }
     }
 }
+
+/// One row of the multi-thread benchmark.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ThreadsReport {
+    /// Threads, each allocating and freeing on its own stream.
+    pub threads: usize,
+    /// Operations over all threads.
+    pub ops: u64,
+    /// Millions of operations per second over all threads.
+    pub mops_per_s: f64,
+}
+
+impl ThreadsReport {
+    /// One JSON object with the fields of `cca_threads.cpp`.
+    pub fn to_json(&self) -> String {
+        format!(
+            "{{\"threads\":{},\"ops\":{},\"mops_per_s\":{:.3}}}",
+            self.threads, self.ops, self.mops_per_s
+        )
+    }
+}
+
+/// The workload of `cca_threads.cpp`: each thread owns a stream and 64 slots;
+/// each op frees a random occupied slot or fills an empty one with
+/// `512 << (r % 12)` bytes. A warm-up of 20,000 ops per thread fills the
+/// caches; then `ops_per_thread` ops per thread are timed.
+pub fn threads_bench<B: Backend>(
+    alloc: &CachingAllocator<B>,
+    streams: &[B::Stream],
+    ops_per_thread: u64,
+) -> Result<ThreadsReport, Error> {
+    let work = |t: usize, ops: u64| -> Result<(), Error> {
+        let mut rng = 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(t as u64 + 1);
+        let mut next = move || {
+            // splitmix64
+            rng = rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = rng;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        let mut live = [0u64; 64];
+        for _ in 0..ops {
+            let k = (next() % 64) as usize;
+            if live[k] != 0 {
+                alloc.free(std::mem::take(&mut live[k]))?;
+            } else {
+                live[k] = alloc.allocate(512 << (next() % 12), streams[t])?;
+            }
+        }
+        for p in live {
+            if p != 0 {
+                alloc.free(p)?;
+            }
+        }
+        Ok(())
+    };
+    let run = |ops: u64| -> Result<(), Error> {
+        std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..streams.len()).map(|t| sc.spawn(move || work(t, ops))).collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(Error::InvalidArgument("bench thread panicked".into()))))
+                .collect::<Result<Vec<()>, Error>>()
+        })?;
+        Ok(())
+    };
+    run(20_000)?;
+    let t0 = Instant::now();
+    run(ops_per_thread)?;
+    let secs = t0.elapsed().as_secs_f64();
+    let total = ops_per_thread * streams.len() as u64;
+    Ok(ThreadsReport {
+        threads: streams.len(),
+        ops: total,
+        mops_per_s: total as f64 / secs / 1e6,
+    })
+}
