@@ -85,10 +85,17 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     Ok(addr) => {
                         // the kernel that fills the new block runs on its stream
                         m.use_memory(s, addr, size, next_tag).unwrap();
-                        live.push(Live { addr, size, tag: next_tag, streams: vec![s] });
+                        live.push(Live {
+                            addr,
+                            size,
+                            tag: next_tag,
+                            streams: vec![s],
+                        });
                         next_tag += 1;
                     }
-                    Err(Error::OutOfMemory(_)) | Err(Error::NeverFits { .. }) | Err(Error::Backend(_)) => {}
+                    Err(Error::OutOfMemory(_))
+                    | Err(Error::NeverFits { .. })
+                    | Err(Error::Backend(_)) => {}
                     Err(e) => return Err(TestCaseError::fail(format!("unexpected error {e}"))),
                 }
             }
@@ -102,7 +109,10 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 if let Some(&p) = freed.get(idx % freed.len().max(1)) {
                     if !live.iter().any(|l| l.addr == p + offset) {
                         let e = a.free(p + offset).unwrap_err();
-                        prop_assert!(matches!(e, Error::DoubleFree(_) | Error::UnknownPointer(_)), "{e}");
+                        prop_assert!(
+                            matches!(e, Error::DoubleFree(_) | Error::UnknownPointer(_)),
+                            "{e}"
+                        );
                     }
                 }
                 let e = a.free(0x10_0000_0000_0000 + offset).unwrap_err();
@@ -137,14 +147,23 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::SetConfig { idx } => a.set_config(CONFIGS[idx]).unwrap(),
             Op::Fraction { f } => a.set_memory_fraction(f).unwrap(),
             Op::InjectFailure { backend_error } => {
-                let f = if backend_error { MallocFailure::Backend(999) } else { MallocFailure::OutOfMemory };
+                let f = if backend_error {
+                    MallocFailure::Backend(999)
+                } else {
+                    MallocFailure::OutOfMemory
+                };
                 m.fail_malloc_at_with(1, f);
             }
         }
         if let Err(e) = a.check_invariants() {
             return Err(TestCaseError::fail(format!("invariant violated: {e}")));
         }
-        prop_assert_eq!(m.race_count(), 0, "race: {}", m.races().first().map(|r| r.to_string()).unwrap_or_default());
+        prop_assert_eq!(
+            m.race_count(),
+            0,
+            "race: {}",
+            m.races().first().map(|r| r.to_string()).unwrap_or_default()
+        );
     }
     for l in live.drain(..) {
         a.free(l.addr).unwrap();
@@ -156,7 +175,11 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let s = a.stats();
     prop_assert_eq!(s.reserved_bytes.all().current, 0);
     prop_assert_eq!(s.active.all().current, 0);
-    prop_assert!(m.live_segments().is_empty(), "leaked segments {:?}", m.live_segments());
+    prop_assert!(
+        m.live_segments().is_empty(),
+        "leaked segments {:?}",
+        m.live_segments()
+    );
     prop_assert_eq!(m.race_count(), 0);
     drop(a);
     prop_assert_eq!(m.live_events(), 0);
