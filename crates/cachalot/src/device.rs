@@ -162,6 +162,9 @@ macro_rules! dispatch {
     };
 }
 
+// Streams the caller owns, for the C ABI (`cachalot-capi`); after `dispatch!`.
+mod foreign;
+
 /// The caching allocator of one device, over the backend chosen at run time.
 ///
 /// Get the process-wide one with [`crate::allocator`], or open a private one
