@@ -145,7 +145,8 @@ enum Command {
         #[arg(long, default_value_t = 600)]
         height: u32,
     },
-    /// Simulate graph capture on a trace (not implemented yet).
+    /// Capture a random multi-stream program into a graph on the simulated
+    /// device and report its memory, reuse, races and capture time.
     CaptureSim(capture_sim::CaptureSimArgs),
 }
 

@@ -208,6 +208,56 @@ impl<B: Backend> Inner<B> {
                 best = Some(key);
             }
         }
+        // Free blocks cached under another stream A of this capture: every
+        // use of them precedes A's current terminals, so they are safe once
+        // those terminals are all in the requesting stream's visited set.
+        let mut free_best: Option<(u64, u64, BlockId)> = None;
+        {
+            let pool = self.pools[p.pool as usize]
+                .as_ref()
+                .expect("live pool")
+                .get_ref(p.small);
+            let mut cands: Vec<(u64, u64, B::Stream, BlockId)> = Vec::new();
+            for (s, size, addr, id) in pool.free.iter() {
+                if s == p.stream
+                    || size < p.size
+                    || (p.size < max_split && size >= max_split)
+                    || (p.size >= max_split
+                        && size >= p.size.saturating_add(self.config.max_non_split_rounding_size))
+                {
+                    continue;
+                }
+                cands.push((size, addr, s, id));
+            }
+            cands.sort_unstable_by_key(|c| (c.0, c.1));
+            let mut verdict: Vec<(B::Stream, bool)> = Vec::new();
+            for (size, addr, s, id) in cands {
+                if best.is_some_and(|bk| (bk.0, bk.1) <= (size, addr)) {
+                    break;
+                }
+                let ok = match verdict.iter().find(|v| v.0 == s) {
+                    Some(v) => v.1,
+                    None => {
+                        let i = backend.capture_info(s)?;
+                        let ok = i.status == CaptureStatus::Active
+                            && i.id == capture
+                            && !i.terminals.is_empty()
+                            && self.markers_visited(capture, p.stream, &i.terminals);
+                        verdict.push((s, ok));
+                        ok
+                    }
+                };
+                if ok {
+                    free_best = Some((size, addr, id));
+                    break;
+                }
+            }
+        }
+        if let Some((_, _, id)) = free_best {
+            self.remove_free(id);
+            self.blocks[id as usize].stream = p.stream;
+            return Ok(Some(id));
+        }
         let Some((_, _, i)) = best else {
             return Ok(None);
         };
