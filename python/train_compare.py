@@ -282,6 +282,40 @@ def drive(args) -> int:
     return 0 if ok else 1
 
 
+def drive_pairs(args) -> int:
+    """Timing with less process-to-process noise: `--pairs K` alternates
+    native and cachalot processes K times per model (N C N C ...), checks
+    every run's losses against the first native run, and compares the median
+    over processes of each process's median step time (steps 2..N)."""
+    models = [m for m in args.models.split(",") if m]
+    ok = True
+    print(f"\n| model | runs (alternating) | losses identical | peak reserved native / cachalot "
+          f"| per-process median step, native (ms) | same, cachalot (ms) | median of medians native / cachalot "
+          f"| ratio |")
+    print("|---|---|---|---|---|---|---|---|")
+    results = []
+    for model in models:
+        runs = []
+        for _ in range(args.pairs):
+            runs += [child(model, "native", args), child(model, "cachalot", args)]
+        results += runs
+        ref = runs[0]["losses"]
+        same = all(r["losses"] == ref for r in runs)
+        nat = [median_after_first(r["step_s"]) * 1e3 for r in runs if r["allocator"] == "native"]
+        cac = [median_after_first(r["step_s"]) * 1e3 for r in runs if r["allocator"] == "cachalot"]
+        pn = max(r["peak_reserved"] for r in runs if r["allocator"] == "native")
+        pc = max(r["peak_reserved"] for r in runs if r["allocator"] == "cachalot")
+        mn, mc = statistics.median(nat), statistics.median(cac)
+        ok &= same and pc <= pn
+        print(f"| {model} | {len(runs)} x {args.steps} steps | {'yes' if same else 'NO'} | {pn:,} / {pc:,} "
+              f"| {' '.join(f'{t:.1f}' for t in nat)} | {' '.join(f'{t:.1f}' for t in cac)} "
+              f"| {mn:.2f} / {mc:.2f} | {mc / mn:.4f} |", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    print("\nLOSSES AND PEAKS OK" if ok else "\nSOME CHECK FAILED")
+    return 0 if ok else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", choices=MODELS, help="one run of this model (child mode)")
@@ -292,6 +326,8 @@ def main() -> int:
     ap.add_argument("--lib", default=None, help="path of libcachalot_capi.so")
     ap.add_argument("--config", default=None, help="cachalot config string")
     ap.add_argument("--json", default=None, help="driver: write all runs' results here")
+    ap.add_argument("--pairs", type=int, default=0,
+                    help="timing mode: K alternating native/cachalot process pairs per model")
     args = ap.parse_args()
     if args.smoke:
         return smoke(args.lib)
@@ -299,6 +335,8 @@ def main() -> int:
         r = run_one(args.run, args.allocator, args.steps, args.lib, args.config)
         print("RESULT " + json.dumps(r), flush=True)
         return 0
+    if args.pairs > 0:
+        return drive_pairs(args)
     return drive(args)
 
 
