@@ -148,6 +148,18 @@ enum Command {
     /// Capture a random multi-stream program into a graph on the simulated
     /// device and report its memory, reuse, races and capture time.
     CaptureSim(capture_sim::CaptureSimArgs),
+    /// The multi-thread benchmark of PyTorch's cca_threads.cpp: T threads,
+    /// each allocating and freeing on its own stream; one JSON line per T.
+    Threads {
+        #[command(flatten)]
+        device: DeviceOpts,
+        /// Thread counts to run.
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
+        threads: Vec<usize>,
+        /// Timed operations per thread.
+        #[arg(long, default_value_t = 200_000)]
+        ops: u64,
+    },
 }
 
 fn main() -> ExitCode {
@@ -180,6 +192,11 @@ fn main() -> ExitCode {
             height,
         } => plot::plot_cmd(&trace, &device, &output, width, height),
         Command::CaptureSim(args) => capture_sim::run(&args),
+        Command::Threads {
+            device,
+            threads,
+            ops,
+        } => run::threads_cmd(&device, &threads, ops),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

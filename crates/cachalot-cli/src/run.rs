@@ -10,7 +10,7 @@ use cachalot::{
     ReplayReport, Stream, Trace,
 };
 
-use crate::{CliError, DeviceOpts};
+use crate::{CliError, DeviceOpts, print_out};
 
 /// Total operations (over all passes) from which a progress bar is shown.
 const PROGRESS_MIN_OPS: usize = 500_000;
@@ -129,6 +129,26 @@ fn snapshot_path(base: &Path, trace: &str, many: bool) -> PathBuf {
         None => format!("{stem}-{trace}"),
     };
     base.with_file_name(name)
+}
+
+/// `cachalot threads`: the multi-thread benchmark, one fresh allocator per
+/// thread count, one JSON line each (`cca_threads.cpp`'s fields).
+pub fn threads_cmd(opts: &DeviceOpts, threads: &[usize], ops: u64) -> Result<(), CliError> {
+    let kind = backend_kind(opts)?;
+    let config = allocator_config(opts)?;
+    for &t in threads {
+        if t == 0 || t > 256 {
+            return Err(CliError::usage(format!(
+                "thread count {t} is outside 1..=256"
+            )));
+        }
+        let dev = open_device(kind, config.clone())?;
+        let r = dev
+            .threads_bench(t, ops)
+            .map_err(failure(&format!("running {t} threads")))?;
+        print_out(&format!("{}\n", r.to_json()))?;
+    }
+    Ok(())
 }
 
 /// `cachalot replay`.

@@ -1,6 +1,8 @@
 //! The hit path: allocate and free a cached block (no device call), on the
 //! mock device, for a small-pool and a large-pool size, and with a second
 //! stream's blocks in the cache.
+// criterion's macros generate undocumented items
+#![allow(missing_docs)]
 
 use cachalot_core::{AllocatorConfig, Backend, CachingAllocator};
 use cachalot_mock::MockConfig;

@@ -1,6 +1,8 @@
 //! Warm trace replay on the mock device: one pass over each recorded trace
 //! (the cache already holds the first pass's segments), as `cachalot replay`
 //! measures `warm_ns_per_op`. Throughput is reported in operations.
+// criterion's macros generate undocumented items
+#![allow(missing_docs)]
 
 use std::path::PathBuf;
 

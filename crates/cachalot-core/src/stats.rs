@@ -93,6 +93,20 @@ impl StatType {
 pub struct StatArray(pub [Stat; 3]);
 
 impl StatArray {
+    /// Adds `n` to "all" and to the given pool kind.
+    #[inline]
+    pub fn increase(&mut self, pool: StatType, n: i64) {
+        self.0[0].increase(n);
+        self.0[pool as usize].increase(n);
+    }
+
+    /// Subtracts `n` from "all" and from the given pool kind.
+    #[inline]
+    pub fn decrease(&mut self, pool: StatType, n: i64) {
+        self.0[0].decrease(n);
+        self.0[pool as usize].decrease(n);
+    }
+
     /// Applies `delta` to "all" and to the given pool kind.
     #[inline]
     pub fn update(&mut self, pool: StatType, delta: i64) {

@@ -6,7 +6,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use cachalot_core::engine::{HistoryConfig, OomObserver, Snapshot, TraceEntry};
-use cachalot_core::replay::{ReplayReport, Trace};
+use cachalot_core::replay::{ReplayReport, ThreadsReport, Trace};
 use cachalot_core::{
     AllocatorConfig, Backend, CachingAllocator, DeviceIndex, DeviceStats, Error, MemoryInfo,
     OomReport,
@@ -133,6 +133,14 @@ impl<B: FacadeBackend> Engine<B> {
             .map(|&s| self.stream(s))
             .collect::<Result<Vec<_>, _>>()?;
         cachalot_core::replay::replay(&self.alloc, &streams, trace, passes, progress)
+    }
+
+    fn threads_bench(&self, slots: &[u32], ops: u64) -> Result<ThreadsReport, Error> {
+        let streams = slots
+            .iter()
+            .map(|&s| self.stream(s))
+            .collect::<Result<Vec<_>, _>>()?;
+        cachalot_core::replay::threads_bench(&self.alloc, &streams, ops)
     }
 }
 
@@ -474,6 +482,16 @@ impl DeviceAllocator {
         let streams = self.streams(n)?;
         let slots: Vec<u32> = streams.iter().map(|s| s.slot).collect();
         dispatch!(&self.inner, e => e.replay(trace, passes, &slots, &mut progress))
+    }
+
+    /// The multi-thread benchmark of `cca_threads.cpp` (see
+    /// [`cachalot_core::replay::threads_bench`]): `threads` threads, each on
+    /// its own new stream, `ops` timed operations each.
+    pub fn threads_bench(&self, threads: usize, ops: u64) -> Result<ThreadsReport, Error> {
+        let slots = (0..threads.max(1))
+            .map(|_| self.new_stream().map(|s| s.slot))
+            .collect::<Result<Vec<u32>, _>>()?;
+        dispatch!(&self.inner, e => e.threads_bench(&slots, ops))
     }
 }
 

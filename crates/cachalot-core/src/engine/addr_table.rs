@@ -67,7 +67,7 @@ impl AddrTable {
     #[inline]
     pub fn insert(&mut self, addr: u64, id: BlockId) {
         debug_assert_ne!(addr, EMPTY);
-        if (self.len + 1) * 8 > self.keys.len() * 7 {
+        if (self.len + 1) * 2 > self.keys.len() {
             self.grow();
         }
         let mut i = hash(addr) & self.mask;

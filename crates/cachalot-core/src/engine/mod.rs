@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Mutex, MutexGuard, RwLock};
 
 use crate::backend::Backend;
 use crate::config::AllocatorConfig;
@@ -62,7 +62,34 @@ impl<B: Backend> std::fmt::Debug for CachingAllocator<B> {
     }
 }
 
+/// Spins before parking on a contended lock. Critical sections are a few
+/// hundred nanoseconds, far shorter than a futex sleep and wake-up, so
+/// waiting threads spin (reading, not writing, the lock word) for a while
+/// first; after about this many spins they park as usual.
+const SPIN_LIMIT: u32 = 4000;
+
 impl<B: Backend> CachingAllocator<B> {
+    #[inline]
+    fn lock(&self) -> MutexGuard<'_, Inner<B>> {
+        match self.inner.try_lock() {
+            Some(g) => g,
+            None => self.lock_contended(),
+        }
+    }
+
+    #[cold]
+    fn lock_contended(&self) -> MutexGuard<'_, Inner<B>> {
+        for _ in 0..SPIN_LIMIT {
+            std::hint::spin_loop();
+            if !self.inner.is_locked()
+                && let Some(g) = self.inner.try_lock()
+            {
+                return g;
+            }
+        }
+        self.inner.lock()
+    }
+
     /// An allocator over `backend` configured from the environment
     /// (`CACHALOT_ALLOC_CONF`, then PyTorch's variables).
     pub fn new(backend: B) -> Result<Self, Error> {
@@ -98,7 +125,7 @@ impl<B: Backend> CachingAllocator<B> {
                 reason: "tried to allocate more than 1EB memory".into(),
             });
         }
-        let outcome = self.inner.lock().malloc(&self.backend, size, stream)?;
+        let outcome = self.lock().malloc(&self.backend, size, stream)?;
         match outcome {
             AllocOutcome::Ok(addr) => Ok(addr),
             AllocOutcome::Oom(report, never) => {
@@ -125,7 +152,7 @@ impl<B: Backend> CachingAllocator<B> {
         if addr == 0 {
             return Ok(());
         }
-        self.inner.lock().free(&self.backend, addr)
+        self.lock().free(&self.backend, addr)
     }
 
     /// Marks the allocation at `addr` as used on `stream`, so that its memory
@@ -134,13 +161,13 @@ impl<B: Backend> CachingAllocator<B> {
         if addr == 0 {
             return Ok(());
         }
-        self.inner.lock().record_stream(addr, stream)
+        self.lock().record_stream(addr, stream)
     }
 
     /// The size of the block handed out at `addr` (the rounded size, or the
     /// whole block when it was not split), if `addr` is a live allocation.
     pub fn block_size(&self, addr: u64) -> Option<u64> {
-        let g = self.inner.lock();
+        let g = self.lock();
         g.live.get(addr).map(|id| g.blocks[id as usize].size)
     }
 
@@ -149,12 +176,12 @@ impl<B: Backend> CachingAllocator<B> {
     /// end-of-life events. Inside a capture only freeable private pools are
     /// released.
     pub fn empty_cache(&self) -> Result<(), Error> {
-        self.inner.lock().empty_cache(&self.backend)
+        self.lock().empty_cache(&self.backend)
     }
 
     /// A copy of the statistics.
     pub fn stats(&self) -> DeviceStats {
-        self.inner.lock().stats.clone()
+        self.lock().stats.clone()
     }
 
     /// The flat, sorted statistics map with PyTorch's 122 keys.
@@ -164,28 +191,28 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// `reset_peak_memory_stats`.
     pub fn reset_peak_stats(&self) {
-        self.inner.lock().stats.reset_peak();
+        self.lock().stats.reset_peak();
     }
 
     /// `reset_accumulated_memory_stats`.
     pub fn reset_accumulated_stats(&self) {
-        self.inner.lock().stats.reset_accumulated();
+        self.lock().stats.reset_accumulated();
     }
 
     /// The current configuration.
     pub fn config(&self) -> AllocatorConfig {
-        self.inner.lock().config.clone()
+        self.lock().config.clone()
     }
 
     /// Re-parses a config string at run time (PyTorch's
     /// `_accelerator_setAllocatorSettings`). On error nothing changes.
     pub fn set_config(&self, config: &str) -> Result<(), Error> {
-        self.inner.lock().set_config(config)
+        self.lock().set_config(config)
     }
 
     /// Caps this allocator at `fraction` of the device's total memory.
     pub fn set_memory_fraction(&self, fraction: f64) -> Result<(), Error> {
-        self.inner.lock().set_memory_fraction(fraction)
+        self.lock().set_memory_fraction(fraction)
     }
 
     /// Registers a callback run on every out-of-memory error.
@@ -206,38 +233,38 @@ impl<B: Backend> CachingAllocator<B> {
         {
             return Err(crate::error::CaptureError::Unsupported(self.backend.name()).into());
         }
-        self.inner.lock().begin_allocate_to_pool(pool, filter)
+        self.lock().begin_allocate_to_pool(pool, filter)
     }
 
     /// Stops routing allocations to `pool` (PyTorch's `endAllocateToPool`).
     /// Call after the backend capture has ended.
     pub fn end_allocate_to_pool(&self, pool: PoolId) -> Result<(), Error> {
-        self.inner.lock().end_allocate_to_pool(&self.backend, pool)
+        self.lock().end_allocate_to_pool(&self.backend, pool)
     }
 
     /// Drops one use of a private pool (graph destroyed). At zero uses its free
     /// segments are released, and the pool is deleted once it owns none.
     pub fn release_pool(&self, pool: PoolId) -> Result<(), Error> {
-        self.inner.lock().release_pool(&self.backend, pool)
+        self.lock().release_pool(&self.backend, pool)
     }
 
     /// Ends an abandoned or invalidated capture: stops routing to the pool and
     /// drops the capture's use of it, so it does not leak (PyTorch #190308).
     pub fn abandon_capture(&self, pool: PoolId) -> Result<(), Error> {
-        let mut g = self.inner.lock();
+        let mut g = self.lock();
         g.end_allocate_to_pool(&self.backend, pool)?;
         g.release_pool(&self.backend, pool)
     }
 
     /// Checks every bookkeeping invariant (tests call it after each operation).
     pub fn check_invariants(&self) -> Result<(), String> {
-        self.inner.lock().check_invariants()
+        self.lock().check_invariants()
     }
 
     /// A snapshot of every segment and block, with the memory history
     /// (empty when the history is off) and the device index.
     pub fn snapshot(&self) -> Snapshot {
-        let mut g = self.inner.lock();
+        let mut g = self.lock();
         if g.history.is_some() {
             g.trace(TraceAction::Snapshot, 0, 0, self.backend.default_stream());
         }
@@ -256,7 +283,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// Turns the memory history on (`Some`, clearing it when the settings
     /// change) or off (`None`, which also clears it).
     pub fn record_memory_history(&self, config: Option<HistoryConfig>) {
-        let mut g = self.inner.lock();
+        let mut g = self.lock();
         g.history = match (config, g.history.take()) {
             (None, _) => None,
             (Some(c), Some(h)) if h.config == c => Some(h),
@@ -275,7 +302,7 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// Largest free cached block over all pools (PyTorch's `cacheInfo`).
     pub fn largest_free_block(&self) -> u64 {
-        let g = self.inner.lock();
+        let g = self.lock();
         g.pools
             .iter()
             .flatten()
@@ -287,7 +314,7 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// Live allocations as (address, block size).
     pub fn live_allocations(&self) -> Vec<(u64, u64)> {
-        let g = self.inner.lock();
+        let g = self.lock();
         let mut v: Vec<(u64, u64)> = g
             .live
             .iter()
