@@ -533,9 +533,15 @@ pub fn threads_bench<B: Backend>(
     };
     let run = |ops: u64| -> Result<(), Error> {
         std::thread::scope(|sc| {
-            let hs: Vec<_> = (0..streams.len()).map(|t| sc.spawn(move || work(t, ops))).collect();
+            let hs: Vec<_> = (0..streams.len())
+                .map(|t| sc.spawn(move || work(t, ops)))
+                .collect();
             hs.into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err(Error::InvalidArgument("bench thread panicked".into()))))
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(Error::InvalidArgument("bench thread panicked".into()))
+                    })
+                })
                 .collect::<Result<Vec<()>, Error>>()
         })?;
         Ok(())
