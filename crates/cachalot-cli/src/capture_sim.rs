@@ -100,7 +100,11 @@ pub fn run(args: &CaptureSimArgs) -> Result<(), CliError> {
             .map_err(|e| CliError::failure(format!("writing {}: {e}", path.display())))?;
     }
     let checked = program
-        .run_mock(mode, true, args.check_invariants)
+        .run_mock(
+            mode,
+            std::env::var_os("NORACE").is_none(),
+            args.check_invariants,
+        )
         .map_err(CliError::failure)?;
     let mut capture_ns = u128::MAX;
     for _ in 0..args.timing_runs.max(1) {
@@ -400,7 +404,11 @@ impl Program {
         }
         for op in &self.ops {
             match *op {
-                Op::Alloc { id, stream, bytes: n } => {
+                Op::Alloc {
+                    id,
+                    stream,
+                    bytes: n,
+                } => {
                     let s = streams[stream as usize];
                     let p = a.allocate(n, s).map_err(|e| e.to_string())?;
                     let end = p + n;

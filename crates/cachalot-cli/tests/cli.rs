@@ -415,10 +415,32 @@ fn plot_writes_svg_and_png() {
 }
 
 #[test]
-fn capture_sim_is_a_stub() {
-    let o = run(&["capture-sim"]);
-    assert_eq!(o.status.code(), Some(1));
-    assert!(stderr(&o).contains("not implemented"));
+fn capture_sim_json() {
+    let o = run(&[
+        "capture-sim",
+        "--streams",
+        "2",
+        "--ops",
+        "200",
+        "--reuse",
+        "pytorch",
+        "--json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object");
+    for k in [
+        "peak_reserved",
+        "peak_allocated",
+        "reused_blocks",
+        "races",
+        "capture_ns",
+    ] {
+        assert!(v.get(k).is_some(), "{k} in {out}");
+    }
+    assert_eq!(v["races"], 0);
+    let bad = run(&["capture-sim", "--reuse", "sometimes"]);
+    assert_eq!(bad.status.code(), Some(2));
 }
 
 #[test]

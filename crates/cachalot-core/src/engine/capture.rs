@@ -8,11 +8,164 @@
 //! set (ancestors-or-self of every terminal the stream has had in this
 //! capture) holds all markers is ordered after every use of the block, so the
 //! block may be reused by that stream.
+//!
+//! `pytorch` mode (PyTorch 2.11): only the block's allocation stream may
+//! reclaim it (R2), at its mallocs.
+//!
+//! `cross_stream` mode adds, when a stream's own search misses:
+//! * deferred blocks of other streams whose markers are all in the
+//!   requesting stream's visited set;
+//! * free blocks cached under other streams of the same capture. Every time
+//!   memory of the capture becomes free (a free, a reclaim, a re-keying), the
+//!   freed range is logged with the freeing stream's terminals at that moment
+//!   (a snapshot); a later use of that memory by the freeing stream is
+//!   ordered after them. A free block may move to another stream once every
+//!   snapshot logged over its bytes is in that stream's visited set. Memory
+//!   never freed in the capture (a fresh segment's remainder, or blocks left
+//!   from an earlier capture into a shared pool) carries no captured use.
+//!
+//! Every capture-time check queries only the capture graph (terminal sets and
+//! node dependencies), never an event.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::backend::{Backend, CaptureStatus};
 use crate::config::CaptureReuse;
 use crate::engine::state::{BState, BlockId, Inner, Params, PoolFilter, ReuseContext};
 use crate::error::Error;
+
+/// A fast hasher for graph nodes (small ids or pointers).
+#[derive(Default, Clone, Copy)]
+pub(crate) struct NodeHasher(u64);
+
+impl NodeHasher {
+    #[inline]
+    fn add(&mut self, x: u64) {
+        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x51_7CC1_B727_220A_95);
+    }
+}
+
+impl Hasher for NodeHasher {
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.add(u64::from(b));
+        }
+    }
+    #[inline]
+    fn write_u32(&mut self, x: u32) {
+        self.add(u64::from(x));
+    }
+    #[inline]
+    fn write_u64(&mut self, x: u64) {
+        self.add(x);
+    }
+    #[inline]
+    fn write_usize(&mut self, x: usize) {
+        self.add(x as u64);
+    }
+}
+
+/// A set of graph nodes (a stream's visited set).
+pub(crate) type NodeSet<N> = HashSet<N, BuildHasherDefault<NodeHasher>>;
+
+/// Per-stream state of the reclaim step: the terminals and the number of
+/// deferred blocks pushed at the last check (nothing changed = nothing new
+/// to reclaim).
+struct LastCheck<N> {
+    terminals: Vec<N>,
+    pushes: u64,
+}
+
+/// `cross_stream` bookkeeping of one capture: terminal snapshots of the
+/// streams at the moments memory became free, and which snapshot last
+/// covered each freed byte range.
+pub(crate) struct CrossLog<S, N> {
+    /// Per stream, its terminal sets at free moments, oldest first (a
+    /// stream's frontier only moves forward, so a later snapshot's ancestors
+    /// include an earlier one's).
+    snaps: HashMap<S, Vec<Vec<N>>>,
+    /// Disjoint freed ranges: start → (end, freeing stream, snapshot index).
+    ranges: BTreeMap<u64, (u64, S, u32)>,
+    /// (requesting stream, freeing stream) → number of the freeing stream's
+    /// snapshots known to lie in the requesting stream's visited set.
+    known: HashMap<(S, S), u32>,
+    /// A free could not be logged: no free block moves across streams in
+    /// this capture any more.
+    poisoned: bool,
+    /// Deferred blocks with markers pushed, per allocation stream.
+    pushes: HashMap<S, u64>,
+    /// The reclaim step's last check, per stream.
+    last: HashMap<S, LastCheck<N>>,
+}
+
+impl<S, N> Default for CrossLog<S, N> {
+    fn default() -> Self {
+        Self {
+            snaps: HashMap::new(),
+            ranges: BTreeMap::new(),
+            known: HashMap::new(),
+            poisoned: false,
+            pushes: HashMap::new(),
+            last: HashMap::new(),
+        }
+    }
+}
+
+impl<S: Copy + Eq + std::hash::Hash, N: Copy + Eq> CrossLog<S, N> {
+    /// The index of `stream`'s snapshot equal to `terminals` (appended if new).
+    fn snapshot(&mut self, stream: S, terminals: &[N]) -> u32 {
+        let v = self.snaps.entry(stream).or_default();
+        let same = v
+            .last()
+            .is_some_and(|l| l.len() == terminals.len() && terminals.iter().all(|t| l.contains(t)));
+        if !same {
+            v.push(terminals.to_vec());
+        }
+        (v.len() - 1) as u32
+    }
+
+    /// Logs `[lo, hi)` as freed by `stream` at snapshot `idx`, replacing what
+    /// was logged over those bytes.
+    fn log_range(&mut self, lo: u64, hi: u64, stream: S, idx: u32) {
+        if let Some((&s, &(e, st, ix))) = self.ranges.range(..lo).next_back()
+            && e > lo
+        {
+            self.ranges.insert(s, (lo, st, ix));
+            if e > hi {
+                self.ranges.insert(hi, (e, st, ix));
+            }
+        }
+        let inside: Vec<u64> = self.ranges.range(lo..hi).map(|(&k, _)| k).collect();
+        for k in inside {
+            if let Some((e, st, ix)) = self.ranges.remove(&k)
+                && e > hi
+            {
+                self.ranges.insert(hi, (e, st, ix));
+            }
+        }
+        self.ranges.insert(lo, (hi, stream, idx));
+    }
+
+    /// The (stream, snapshot) entries logged over `[lo, hi)`.
+    fn entries(&self, lo: u64, hi: u64) -> Vec<(S, u32)> {
+        let mut v = Vec::new();
+        if let Some((_, &(e, st, ix))) = self.ranges.range(..lo).next_back()
+            && e > lo
+        {
+            v.push((st, ix));
+        }
+        for (_, &(_, st, ix)) in self.ranges.range(lo..hi) {
+            v.push((st, ix));
+        }
+        v
+    }
+}
 
 impl<B: Backend> Inner<B> {
     /// Free markers of a block freed during capture; empty = wait for the
@@ -50,58 +203,100 @@ impl<B: Backend> Inner<B> {
                 }
             }
         }
+        // The caller defers the block with these markers: the reclaim step
+        // of its stream has something new to look at.
+        let stream = self.blocks[id as usize].stream;
+        if let Some(c) = capture_id
+            && self.ensure_context(backend, stream, c)?
+            && let Some(ctx) = self.reuse_contexts.get_mut(&c)
+        {
+            *ctx.cross.pushes.entry(stream).or_default() += 1;
+        }
         Ok(markers)
     }
 
-    /// Extends the requesting stream's visited set and returns the capture id,
-    /// or `None` when the stream is not capturing into a registered pool.
-    fn extend_visited(&mut self, backend: &B, stream: B::Stream) -> Result<Option<u64>, Error> {
+    /// Makes sure a reuse context exists for capture `capture`, which
+    /// `stream` captures into; false when no registered pool matches.
+    fn ensure_context(
+        &mut self,
+        backend: &B,
+        stream: B::Stream,
+        capture: u64,
+    ) -> Result<bool, Error> {
+        if self.reuse_contexts.contains_key(&capture) {
+            return Ok(true);
+        }
+        // A `CaptureOf` entry learns its capture id at the first allocation
+        // routed to it; a block freed in capture before any allocation (a
+        // default-pool block) must not wait for that.
+        for ci in 0..self.captures.len() {
+            if let PoolFilter::CaptureOf(origin) = self.captures[ci].filter
+                && self.captures[ci].resolved.is_none()
+            {
+                let o = backend.capture_info(origin)?;
+                if o.status == CaptureStatus::Active {
+                    self.captures[ci].resolved = Some(o.id);
+                }
+            }
+        }
+        let mut pool = None;
+        for c in self.captures.iter().rev() {
+            let hit = match &c.filter {
+                PoolFilter::Streams(v) => v.contains(&stream),
+                PoolFilter::CaptureId(id) => *id == capture,
+                PoolFilter::CaptureOf(_) => c.resolved == Some(capture),
+            };
+            if hit {
+                pool = Some(c.pool);
+                break;
+            }
+        }
+        let Some(pool) = pool else { return Ok(false) };
+        self.reuse_contexts.insert(
+            capture,
+            ReuseContext {
+                visited: Default::default(),
+                pool,
+                cross: CrossLog::default(),
+            },
+        );
+        Ok(true)
+    }
+
+    /// Extends the requesting stream's visited set; returns the capture id
+    /// and the stream's current terminals, or `None` when the stream is not
+    /// capturing into a registered pool.
+    fn extend_visited(
+        &mut self,
+        backend: &B,
+        stream: B::Stream,
+    ) -> Result<Option<(u64, Vec<B::Node>)>, Error> {
         let info = backend.capture_info(stream)?;
         if info.status != CaptureStatus::Active || info.terminals.is_empty() {
             return Ok(None);
         }
-        if !self.reuse_contexts.contains_key(&info.id) {
-            // A `CaptureOf` entry learns its capture id at the first
-            // allocation routed to it; a block freed in capture before any
-            // allocation (a default-pool block) must not wait for that.
-            for ci in 0..self.captures.len() {
-                if let PoolFilter::CaptureOf(origin) = self.captures[ci].filter
-                    && self.captures[ci].resolved.is_none()
-                {
-                    let o = backend.capture_info(origin)?;
-                    if o.status == CaptureStatus::Active {
-                        self.captures[ci].resolved = Some(o.id);
-                    }
-                }
-            }
-            let mut pool = None;
-            for c in self.captures.iter().rev() {
-                let hit = match &c.filter {
-                    PoolFilter::Streams(v) => v.contains(&stream),
-                    PoolFilter::CaptureId(id) => *id == info.id,
-                    PoolFilter::CaptureOf(_) => c.resolved == Some(info.id),
-                };
-                if hit {
-                    pool = Some(c.pool);
-                    break;
-                }
-            }
-            let Some(pool) = pool else { return Ok(None) };
-            self.reuse_contexts.insert(
-                info.id,
-                ReuseContext {
-                    visited: Default::default(),
-                    pool,
-                },
-            );
+        if !self.ensure_context(backend, stream, info.id)? {
+            return Ok(None);
         }
-        let ctx = self
-            .reuse_contexts
-            .get_mut(&info.id)
-            .expect("inserted above");
+        self.visit_from(backend, info.id, stream, &info.terminals)?;
+        Ok(Some((info.id, info.terminals)))
+    }
+
+    /// Adds the ancestors-or-self of `terminals` to `stream`'s visited set
+    /// (incremental reverse DFS: a visited node is never expanded again).
+    fn visit_from(
+        &mut self,
+        backend: &B,
+        capture: u64,
+        stream: B::Stream,
+        terminals: &[B::Node],
+    ) -> Result<(), Error> {
+        let Some(ctx) = self.reuse_contexts.get_mut(&capture) else {
+            return Ok(());
+        };
         let visited = ctx.visited.entry(stream).or_default();
         let mut stack: Vec<B::Node> = Vec::new();
-        for t in info.terminals {
+        for &t in terminals {
             if visited.insert(t) {
                 stack.push(t);
             }
@@ -113,7 +308,7 @@ impl<B: Backend> Inner<B> {
                 }
             }
         }
-        Ok(Some(info.id))
+        Ok(())
     }
 
     fn markers_visited(&self, capture: u64, stream: B::Stream, markers: &[B::Node]) -> bool {
@@ -127,6 +322,76 @@ impl<B: Backend> Inner<B> {
         markers.iter().all(|m| v.contains(m))
     }
 
+    /// `cross_stream` mode: logs the free block `id` (just freed and merged)
+    /// as freed by its stream now. Called for every block that becomes free
+    /// during a capture.
+    pub(crate) fn note_capture_free(&mut self, backend: &B, id: BlockId) {
+        if self.config.graph_capture_record_stream_reuse != CaptureReuse::CrossStream
+            || self.captures.is_empty()
+        {
+            return;
+        }
+        let b = &self.blocks[id as usize];
+        let (stream, lo, hi) = (b.stream, b.addr, b.addr + b.size);
+        let info = match backend.capture_info(stream) {
+            Ok(i) => i,
+            Err(e) => {
+                tracing::warn!(%e, "capture_info failed; cross-stream reuse of free blocks stops");
+                for c in self.reuse_contexts.values_mut() {
+                    c.cross.poisoned = true;
+                }
+                return;
+            }
+        };
+        if info.status != CaptureStatus::Active {
+            return;
+        }
+        match self.ensure_context(backend, stream, info.id) {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => {
+                tracing::warn!(%e, "capture_info failed; cross-stream reuse of free blocks stops");
+                for c in self.reuse_contexts.values_mut() {
+                    c.cross.poisoned = true;
+                }
+                return;
+            }
+        }
+        let log = &mut self
+            .reuse_contexts
+            .get_mut(&info.id)
+            .expect("ensured above")
+            .cross;
+        let idx = log.snapshot(stream, &info.terminals);
+        log.log_range(lo, hi, stream, idx);
+    }
+
+    /// Whether every snapshot logged over `[lo, hi)` is in `stream`'s
+    /// visited set (capture `capture`).
+    fn range_visited(&mut self, capture: u64, stream: B::Stream, lo: u64, hi: u64) -> bool {
+        let Some(ctx) = self.reuse_contexts.get_mut(&capture) else {
+            return false;
+        };
+        let Some(visited) = ctx.visited.get(&stream) else {
+            return false;
+        };
+        let log = &mut ctx.cross;
+        for (s, ix) in log.entries(lo, hi) {
+            let known = log.known.get(&(stream, s)).copied().unwrap_or(0);
+            if ix < known {
+                continue;
+            }
+            let Some(snap) = log.snaps.get(&s).and_then(|v| v.get(ix as usize)) else {
+                return false;
+            };
+            if !snap.iter().all(|n| visited.contains(n)) {
+                return false;
+            }
+            log.known.insert((stream, s), ix + 1);
+        }
+        true
+    }
+
     /// The reclaim step at `malloc` during capture (spec 1.5): deferred blocks
     /// of the requesting stream whose markers are all visited are freed.
     pub(crate) fn reclaim_in_capture(
@@ -134,12 +399,52 @@ impl<B: Backend> Inner<B> {
         backend: &B,
         stream: B::Stream,
     ) -> Result<(), Error> {
-        if !self.deferred.iter().any(|d| !d.markers.is_empty()) {
+        if !self
+            .deferred
+            .iter()
+            .any(|d| !d.markers.is_empty() && self.blocks[d.block as usize].stream == stream)
+        {
+            // Nothing to reclaim for this stream. Skipping the visited-set
+            // extension is sound: a stream's terminals only move forward, so
+            // a later extension covers this moment's ancestors too.
             return Ok(());
         }
-        let Some(capture) = self.extend_visited(backend, stream)? else {
+        let info = backend.capture_info(stream)?;
+        if info.status != CaptureStatus::Active || info.terminals.is_empty() {
             return Ok(());
-        };
+        }
+        let capture = info.id;
+        if !self.ensure_context(backend, stream, capture)? {
+            return Ok(());
+        }
+        // Nothing new since the last check (same terminals, no block
+        // deferred since): nothing can have become reclaimable.
+        let log = &mut self
+            .reuse_contexts
+            .get_mut(&capture)
+            .expect("ensured above")
+            .cross;
+        let pushes = log.pushes.get(&stream).copied().unwrap_or(0);
+        if log
+            .last
+            .get(&stream)
+            .is_some_and(|l| l.pushes == pushes && l.terminals == info.terminals)
+        {
+            return Ok(());
+        }
+        self.visit_from(backend, capture, stream, &info.terminals)?;
+        let log = &mut self
+            .reuse_contexts
+            .get_mut(&capture)
+            .expect("ensured above")
+            .cross;
+        log.last.insert(
+            stream,
+            LastCheck {
+                terminals: info.terminals,
+                pushes,
+            },
+        );
         let mut i = 0;
         while i < self.deferred.len() {
             let d = &self.deferred[i];
@@ -154,7 +459,8 @@ impl<B: Backend> Inner<B> {
                 let id = d.block;
                 self.deferred.swap_remove(i);
                 self.blocks[id as usize].capture_uses.clear();
-                self.free_block(id);
+                let id = self.free_block(id);
+                self.note_capture_free(backend, id);
             } else {
                 i += 1;
             }
@@ -163,25 +469,30 @@ impl<B: Backend> Inner<B> {
     }
 
     /// `cross_stream` mode: after the normal search missed, hand the
-    /// requesting stream a deferred block of another stream whose markers are
-    /// all in the requesting stream's visited set (best fit, lowest address).
-    /// The block changes stream; it never merges with blocks of other streams.
+    /// requesting stream the best-fitting (size, then address) block among
+    /// the deferred blocks of other streams whose markers are all in its
+    /// visited set and the free blocks of other streams of the capture whose
+    /// logged frees all are. The block changes stream; it never merges with
+    /// blocks of other streams.
     pub(crate) fn cross_stream_reuse(
         &mut self,
         backend: &B,
         p: &Params<B::Stream>,
     ) -> Result<Option<BlockId>, Error> {
-        if self.config.graph_capture_record_stream_reuse != CaptureReuse::CrossStream
-            || !self.deferred.iter().any(|d| !d.markers.is_empty())
-        {
+        if self.config.graph_capture_record_stream_reuse != CaptureReuse::CrossStream {
             return Ok(None);
         }
-        let info = backend.capture_info(p.stream)?;
-        if info.status != CaptureStatus::Active {
+        let Some((capture, terminals)) = self.extend_visited(backend, p.stream)? else {
             return Ok(None);
-        }
-        let capture = info.id;
+        };
         let max_split = self.config.max_split_size;
+        let max_nsr = self.config.max_non_split_rounding_size;
+        let fits = |size: u64| {
+            size >= p.size
+                && !(p.size < max_split && size >= max_split)
+                && !(p.size >= max_split && size >= p.size.saturating_add(max_nsr))
+        };
+        // 1. deferred blocks of other streams
         let mut best: Option<(u64, u64, usize)> = None;
         for (i, d) in self.deferred.iter().enumerate() {
             let b = &self.blocks[d.block as usize];
@@ -189,86 +500,111 @@ impl<B: Backend> Inner<B> {
                 || b.stream == p.stream
                 || b.pool != p.pool
                 || b.small != p.small
-                || b.size < p.size
+                || !fits(b.size)
                 || b.state != BState::Pending
                 || !b.stream_uses.is_empty()
-                || (p.size < max_split && b.size >= max_split)
-                || (p.size >= max_split
-                    && b.size
-                        >= p.size
-                            .saturating_add(self.config.max_non_split_rounding_size))
+                || b.event_count != 0
             {
                 continue;
             }
-            let key = (b.size, b.addr, i);
-            if best.is_some_and(|bk| (bk.0, bk.1) <= (key.0, key.1)) {
+            if best.is_some_and(|bk| (bk.0, bk.1) <= (b.size, b.addr)) {
                 continue;
             }
             if self.markers_visited(capture, p.stream, &d.markers) {
-                best = Some(key);
+                best = Some((b.size, b.addr, i));
             }
         }
-        // Free blocks cached under another stream A of this capture: every
-        // use of them precedes A's current terminals, so they are safe once
-        // those terminals are all in the requesting stream's visited set.
-        let mut free_best: Option<(u64, u64, BlockId)> = None;
-        {
+        // 2. free blocks of other streams of this capture
+        let ctx = self.reuse_contexts.get(&capture).expect("extended above");
+        let pool_ok = !ctx.cross.poisoned
+            && self.pool_index.get(&ctx.pool) == Some(&p.pool)
+            && !self
+                .captures
+                .iter()
+                .any(|c| c.pool == ctx.pool && matches!(c.filter, PoolFilter::Streams(_)));
+        let mut free_best: Option<BlockId> = None;
+        if pool_ok {
             let pool = self.pools[p.pool as usize]
                 .as_ref()
                 .expect("live pool")
                 .get_ref(p.small);
-            let mut cands: Vec<(u64, u64, B::Stream, BlockId)> = Vec::new();
-            for (s, size, addr, id) in pool.free.iter() {
-                if s == p.stream
-                    || size < p.size
-                    || (p.size < max_split && size >= max_split)
-                    || (p.size >= max_split
-                        && size >= p.size.saturating_add(self.config.max_non_split_rounding_size))
-                {
-                    continue;
-                }
-                cands.push((size, addr, s, id));
-            }
+            let mut cands: Vec<(u64, u64, B::Stream, BlockId)> = pool
+                .free
+                .iter()
+                .filter(|&(s, size, _, _)| s != p.stream && fits(size))
+                .map(|(s, size, addr, id)| (size, addr, s, id))
+                .collect();
             cands.sort_unstable_by_key(|c| (c.0, c.1));
-            let mut verdict: Vec<(B::Stream, bool)> = Vec::new();
+            let mut member: Vec<(B::Stream, bool)> = Vec::new();
             for (size, addr, s, id) in cands {
                 if best.is_some_and(|bk| (bk.0, bk.1) <= (size, addr)) {
                     break;
                 }
-                let ok = match verdict.iter().find(|v| v.0 == s) {
-                    Some(v) => v.1,
+                let in_capture = match member.iter().find(|m| m.0 == s) {
+                    Some(m) => m.1,
                     None => {
                         let i = backend.capture_info(s)?;
-                        let ok = i.status == CaptureStatus::Active
-                            && i.id == capture
-                            && !i.terminals.is_empty()
-                            && self.markers_visited(capture, p.stream, &i.terminals);
-                        verdict.push((s, ok));
+                        let ok = i.status == CaptureStatus::Active && i.id == capture;
+                        member.push((s, ok));
                         ok
                     }
                 };
-                if ok {
-                    free_best = Some((size, addr, id));
+                if in_capture && self.range_visited(capture, p.stream, addr, addr + size) {
+                    free_best = Some(id);
                     break;
                 }
             }
         }
-        if let Some((_, _, id)) = free_best {
+        let id = if let Some(id) = free_best {
             self.remove_free(id);
             self.blocks[id as usize].stream = p.stream;
-            return Ok(Some(id));
-        }
-        let Some((_, _, i)) = best else {
+            id
+        } else if let Some((_, _, i)) = best {
+            let id = self.deferred.swap_remove(i).block;
+            // Retire the block as if freed (stats), re-keyed to the new
+            // stream: it merges only with free blocks of that stream.
+            let b = &mut self.blocks[id as usize];
+            b.capture_uses.clear();
+            b.stream = p.stream;
+            let id = self.free_block(id);
+            self.remove_free(id);
+            id
+        } else {
             return Ok(None);
         };
-        let id = self.deferred.swap_remove(i).block;
-        // Retire the block as if freed (stats), re-keyed to the new stream:
-        // it merges only with free blocks of that stream.
-        let b = &mut self.blocks[id as usize];
-        b.capture_uses.clear();
-        b.stream = p.stream;
-        let id = self.free_block(id);
-        self.remove_free(id);
+        // Whatever of the block stays free (a split remainder) is ordered
+        // before the new stream's current terminals: log it so.
+        let (lo, hi) = {
+            let b = &self.blocks[id as usize];
+            (b.addr, b.addr + b.size)
+        };
+        if let Some(ctx) = self.reuse_contexts.get_mut(&capture) {
+            let idx = ctx.cross.snapshot(p.stream, &terminals);
+            ctx.cross.log_range(lo, hi, p.stream, idx);
+        }
         Ok(Some(id))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CrossLog;
+
+    #[test]
+    fn log_ranges_stay_disjoint_and_newest_wins() {
+        let mut l: CrossLog<u32, u32> = CrossLog::default();
+        let a = l.snapshot(1, &[10]);
+        l.log_range(0, 100, 1, a);
+        let b = l.snapshot(1, &[11]);
+        assert_eq!(l.snapshot(1, &[11]), b);
+        l.log_range(20, 40, 1, b);
+        assert_eq!(l.entries(0, 10), vec![(1, a)]);
+        assert_eq!(l.entries(25, 30), vec![(1, b)]);
+        assert_eq!(l.entries(30, 60), vec![(1, b), (1, a)]);
+        let c = l.snapshot(2, &[12]);
+        l.log_range(10, 120, 2, c);
+        assert_eq!(l.entries(0, 200), vec![(1, a), (2, c)]);
+        assert_eq!(l.entries(100, 110), vec![(2, c)]);
+        assert!(l.entries(120, 130).is_empty());
     }
 }

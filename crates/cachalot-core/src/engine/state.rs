@@ -77,10 +77,108 @@ fn unkey(k: u128) -> (u64, u64) {
     ((k >> 64) as u64, k as u64)
 }
 
+/// Entries of a stream's recently-freed list before the oldest moves to the tree.
+const RECENT: usize = 8;
+
+/// One stream's free blocks: an ordered tree plus a short list of the most
+/// recently inserted blocks. Blocks that are freed and soon taken again (the
+/// split remainder merged back on free, the tensor freed and reallocated in
+/// the next iteration) come and go through the list without touching the
+/// tree. Lookups consider both, so the set behaves exactly as one ordered
+/// set keyed by (size, address).
+#[derive(Default)]
+struct StreamSet {
+    tree: BTreeMap<u128, BlockId>,
+    recent: Vec<(u128, BlockId)>,
+}
+
+impl StreamSet {
+    #[inline]
+    fn insert(&mut self, k: u128, id: BlockId) {
+        if self.recent.len() == RECENT {
+            // the oldest entries sit at the front (removals swap from the back)
+            let (ok, oid) = self.recent.swap_remove(0);
+            self.tree.insert(ok, oid);
+        }
+        self.recent.push((k, id));
+    }
+
+    #[inline]
+    fn remove(&mut self, k: u128) -> Option<BlockId> {
+        if let Some(i) = self.recent.iter().position(|e| e.0 == k) {
+            return Some(self.recent.swap_remove(i).1);
+        }
+        self.tree.remove(&k)
+    }
+
+    #[inline]
+    fn get(&self, k: u128) -> Option<BlockId> {
+        self.recent
+            .iter()
+            .find(|e| e.0 == k)
+            .map(|e| e.1)
+            .or_else(|| self.tree.get(&k).copied())
+    }
+
+    /// Removes and returns the smallest entry ≥ `k` if `accept` takes it.
+    #[inline]
+    fn take_first_at_least(
+        &mut self,
+        k: u128,
+        accept: impl FnOnce(u128) -> bool,
+    ) -> Option<(u128, BlockId)> {
+        let mut best = self.tree.range(k..).next().map(|(&k, &id)| (k, id));
+        let mut at = None;
+        for (i, &(rk, rid)) in self.recent.iter().enumerate() {
+            if rk >= k && best.is_none_or(|b| rk < b.0) {
+                best = Some((rk, rid));
+                at = Some(i);
+            }
+        }
+        let b = best?;
+        if !accept(b.0) {
+            return None;
+        }
+        match at {
+            Some(i) => {
+                self.recent.swap_remove(i);
+            }
+            None => {
+                self.tree.remove(&b.0);
+            }
+        }
+        Some(b)
+    }
+
+    /// Smallest key ≥ `k`.
+    #[inline]
+    fn first_at_least(&self, k: u128) -> Option<(u128, BlockId)> {
+        let mut best = self.tree.range(k..).next().map(|(&k, &id)| (k, id));
+        for &(rk, rid) in &self.recent {
+            if rk >= k && best.is_none_or(|b| rk < b.0) {
+                best = Some((rk, rid));
+            }
+        }
+        best
+    }
+
+    fn len(&self) -> usize {
+        self.tree.len() + self.recent.len()
+    }
+
+    /// Every entry, in key order.
+    fn sorted(&self) -> Vec<(u128, BlockId)> {
+        let mut v: Vec<(u128, BlockId)> = self.tree.iter().map(|(&k, &id)| (k, id)).collect();
+        v.extend_from_slice(&self.recent);
+        v.sort_unstable_by_key(|e| e.0);
+        v
+    }
+}
+
 /// Free blocks ordered by (stream, size, address) as PyTorch's free set:
-/// one ordered map per stream, keyed by `size << 64 | address`.
+/// one [`StreamSet`] per stream, keyed by `size << 64 | address`.
 pub(crate) struct FreeSet<S> {
-    streams: Vec<(S, BTreeMap<u128, BlockId>)>,
+    streams: Vec<(S, StreamSet)>,
     len: usize,
 }
 
@@ -95,35 +193,35 @@ impl<S> Default for FreeSet<S> {
 
 impl<S: Copy + Ord> FreeSet<S> {
     #[inline]
-    fn map(&self, s: S) -> Option<&BTreeMap<u128, BlockId>> {
+    fn set(&self, s: S) -> Option<&StreamSet> {
         self.streams.iter().find(|e| e.0 == s).map(|e| &e.1)
     }
 
     #[inline]
-    fn map_mut(&mut self, s: S) -> &mut BTreeMap<u128, BlockId> {
+    fn set_mut(&mut self, s: S) -> &mut StreamSet {
         let i = match self.streams.iter().position(|e| e.0 == s) {
             Some(i) => i,
             None => {
                 let at = self.streams.partition_point(|e| e.0 < s);
-                self.streams.insert(at, (s, BTreeMap::new()));
+                self.streams.insert(at, (s, StreamSet::default()));
                 at
             }
         };
         &mut self.streams[i].1
     }
 
-    /// Inserts a free block.
+    /// Inserts a free block (the key must not be present).
     #[inline]
     pub fn insert(&mut self, s: S, size: u64, addr: u64, id: BlockId) {
-        if self.map_mut(s).insert(fkey(size, addr), id).is_none() {
-            self.len += 1;
-        }
+        debug_assert!(self.get(s, size, addr).is_none());
+        self.set_mut(s).insert(fkey(size, addr), id);
+        self.len += 1;
     }
 
     /// Removes a free block.
     #[inline]
     pub fn remove(&mut self, s: S, size: u64, addr: u64) -> Option<BlockId> {
-        let r = self.map_mut(s).remove(&fkey(size, addr));
+        let r = self.set_mut(s).remove(fkey(size, addr));
         if r.is_some() {
             self.len -= 1;
         }
@@ -132,23 +230,42 @@ impl<S: Copy + Ord> FreeSet<S> {
 
     /// The block stored under this key.
     pub fn get(&self, s: S, size: u64, addr: u64) -> Option<BlockId> {
-        self.map(s)?.get(&fkey(size, addr)).copied()
+        self.set(s)?.get(fkey(size, addr))
+    }
+
+    /// Removes and returns the smallest block of stream `s` with size ≥
+    /// `size` (lowest address first) if `accept(block size)` holds.
+    #[inline]
+    pub fn take_first_at_least(
+        &mut self,
+        s: S,
+        size: u64,
+        accept: impl FnOnce(u64) -> bool,
+    ) -> Option<(u64, u64, BlockId)> {
+        let set = &mut self.streams.iter_mut().find(|e| e.0 == s)?.1;
+        let (k, id) = set.take_first_at_least(fkey(size, 0), |k| accept(unkey(k).0))?;
+        self.len -= 1;
+        let (sz, a) = unkey(k);
+        Some((sz, a, id))
     }
 
     /// Smallest block of stream `s` with size ≥ `size`, lowest address first.
     #[inline]
     pub fn first_at_least(&self, s: S, size: u64) -> Option<(u64, u64, BlockId)> {
-        let (&k, &id) = self.map(s)?.range(fkey(size, 0)..).next()?;
+        let (k, id) = self.set(s)?.first_at_least(fkey(size, 0))?;
         let (sz, a) = unkey(k);
         Some((sz, a, id))
     }
 
     /// Blocks of stream `s` with size in `[lo, hi)`, largest first.
     pub fn range_desc(&self, s: S, lo: u64, hi: u64) -> Vec<(u64, u64, BlockId)> {
-        self.map(s).map_or_else(Vec::new, |m| {
-            m.range(fkey(lo, 0)..fkey(hi, 0))
+        let (lo, hi) = (fkey(lo, 0), fkey(hi, 0));
+        self.set(s).map_or_else(Vec::new, |m| {
+            m.sorted()
+                .into_iter()
                 .rev()
-                .map(|(&k, &id)| {
+                .filter(|e| e.0 >= lo && e.0 < hi)
+                .map(|(k, id)| {
                     let (sz, a) = unkey(k);
                     (sz, a, id)
                 })
@@ -159,7 +276,7 @@ impl<S: Copy + Ord> FreeSet<S> {
     /// Every block as (stream, size, address, id), in (stream, size, address) order.
     pub fn iter(&self) -> impl Iterator<Item = (S, u64, u64, BlockId)> + '_ {
         self.streams.iter().flat_map(|(s, m)| {
-            m.iter().map(move |(&k, &id)| {
+            m.sorted().into_iter().map(move |(k, id)| {
                 let (sz, a) = unkey(k);
                 (*s, sz, a, id)
             })
@@ -168,6 +285,10 @@ impl<S: Copy + Ord> FreeSet<S> {
 
     /// Number of free blocks.
     pub fn len(&self) -> usize {
+        debug_assert_eq!(
+            self.len,
+            self.streams.iter().map(|e| e.1.len()).sum::<usize>()
+        );
         self.len
     }
 }
@@ -253,8 +374,10 @@ pub(crate) struct Deferred<N> {
 /// Per-capture reuse context: for each stream, the set of graph nodes
 /// known to precede its future work.
 pub(crate) struct ReuseContext<S, N> {
-    pub visited: HashMap<S, std::collections::HashSet<N>>,
+    pub visited: HashMap<S, crate::engine::capture::NodeSet<N>>,
     pub pool: PoolId,
+    /// `cross_stream` mode's log of frees (see `capture.rs`).
+    pub cross: crate::engine::capture::CrossLog<S, N>,
 }
 
 /// Parameters of one allocation.
@@ -480,15 +603,19 @@ impl<B: Backend> Inner<B> {
         if gc_on {
             pool.gc_calls += 1;
         }
-        let (bsize, baddr, id) = pool.free.first_at_least(p.stream, p.size)?;
-        if p.size < max_split && bsize >= max_split {
-            return None;
-        }
-        if p.size >= max_split && bsize >= p.size.saturating_add(max_nsr) {
-            return None;
-        }
-        pool.free.remove(p.stream, bsize, baddr);
-        Some(id)
+        let size = p.size;
+        // oversize rules: small requests never take oversize blocks; oversize
+        // requests take blocks at most `max_non_split_rounding` larger
+        let accept = |bsize: u64| {
+            if size < max_split {
+                bsize < max_split
+            } else {
+                bsize < size.saturating_add(max_nsr)
+            }
+        };
+        pool.free
+            .take_first_at_least(p.stream, size, accept)
+            .map(|(_, _, id)| id)
     }
 
     /// Gets a new segment from the device (PyTorch's `alloc_block`).
@@ -607,11 +734,11 @@ impl<B: Backend> Inner<B> {
         let (addr, size) = (b.addr, b.size);
         self.live.insert(addr, id);
         let s = &mut self.stats;
-        s.allocation.update(st, 1);
-        s.allocated_bytes.update(st, size as i64);
-        s.active.update(st, 1);
-        s.active_bytes.update(st, size as i64);
-        s.requested_bytes.update(st, p.requested as i64);
+        s.allocation.increase(st, 1);
+        s.allocated_bytes.increase(st, size as i64);
+        s.active.increase(st, 1);
+        s.active_bytes.increase(st, size as i64);
+        s.requested_bytes.increase(st, p.requested as i64);
         if oversize {
             s.oversize_allocations.increase(1);
         }
@@ -690,11 +817,13 @@ impl<B: Backend> Inner<B> {
             net_split_bytes += self.blocks[id as usize].size as i64;
         }
         let s = &mut self.stats;
-        s.inactive_split.update(st, net_split);
-        s.inactive_split_bytes.update(st, net_split_bytes);
-        s.active.update(st, -1);
-        s.active_bytes.update(st, -orig_size);
-        s.requested_bytes.update(st, -requested);
+        if net_split != 0 || net_split_bytes != 0 {
+            s.inactive_split.update(st, net_split);
+            s.inactive_split_bytes.update(st, net_split_bytes);
+        }
+        s.active.decrease(st, 1);
+        s.active_bytes.decrease(st, orig_size);
+        s.requested_bytes.decrease(st, requested);
         id
     }
 
@@ -1293,14 +1422,17 @@ impl<B: Backend> Inner<B> {
         let size = b.size;
         let oversize = std::mem::take(&mut b.oversize);
         let s = &mut self.stats;
-        s.allocation.update(st, -1);
-        s.allocated_bytes.update(st, -(size as i64));
+        s.allocation.decrease(st, 1);
+        s.allocated_bytes.decrease(st, size as i64);
         if oversize {
             s.oversize_allocations.decrease(1);
         }
         let b = &mut self.blocks[id as usize];
         if b.stream_uses.is_empty() && b.capture_uses.is_empty() {
-            self.free_block(id);
+            let id = self.free_block(id);
+            if !self.captures.is_empty() {
+                self.note_capture_free(backend, id);
+            }
             return Ok(());
         }
         b.state = BState::Pending;
