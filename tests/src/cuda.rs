@@ -50,7 +50,7 @@ impl Harness for CudaHarness {
     }
     fn fill(&self, backend: &CudaBackend, addr: u64, len: u64, value: u8, stream: CudaStream) {
         backend
-            .memset_d8_async(addr, value, len as usize, stream)
+            .memset_d8_async(addr, value, len, stream)
             .expect("memset");
     }
     fn read(&self, backend: &CudaBackend, addr: u64, len: u64) -> Option<Vec<u8>> {
