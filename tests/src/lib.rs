@@ -8,6 +8,7 @@
 //! crate is built with that feature *and* a device is present, and prints
 //! `skipped: <reason>` otherwise.
 
+pub mod capture;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod mock;
@@ -23,6 +24,14 @@ pub fn repo_root() -> PathBuf {
         .parent()
         .expect("tests/ has a parent")
         .to_path_buf()
+}
+
+/// The folder of trace files: `$CACHALOT_TRACES` when set (packed test
+/// binaries run on another machine), else the repository's `traces/`.
+pub fn traces_dir() -> PathBuf {
+    std::env::var_os("CACHALOT_TRACES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("traces"))
 }
 
 /// What the conformance suite needs from a backend beyond the [`Backend`]

@@ -4,11 +4,11 @@
 //! (copied into `traces/pytorch-cca-h200.json`).
 
 use cachalot_conformance::mock::replay_on_mock;
-use cachalot_conformance::repo_root;
+use cachalot_conformance::traces_dir;
 use cachalot_core::replay::Trace;
 
 fn anchor() -> serde_json::Value {
-    let path = repo_root().join("traces/pytorch-cca-h200.json");
+    let path = traces_dir().join("pytorch-cca-h200.json");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).expect("anchor json")
 }
@@ -16,7 +16,7 @@ fn anchor() -> serde_json::Value {
 fn check(name: &str, tolerance: f64) {
     let trace = match Trace::synthetic(name) {
         Some(t) => t,
-        None => Trace::load(repo_root().join(format!("traces/{name}.trace"))).expect("trace"),
+        None => Trace::load(traces_dir().join(format!("{name}.trace"))).expect("trace"),
     };
     let r = replay_on_mock(&trace, 1, "");
     let a = &anchor()["traces"][name];
@@ -112,7 +112,7 @@ fn steady_state_device_calls_after_the_first_pass() {
     ] {
         let trace = match Trace::synthetic(name) {
             Some(t) => t,
-            None => Trace::load(repo_root().join(format!("traces/{name}.trace"))).expect("trace"),
+            None => Trace::load(traces_dir().join(format!("{name}.trace"))).expect("trace"),
         };
         for config in ["", "idle_stream_reuse:True"] {
             let r = replay_on_mock(&trace, 3, config);
