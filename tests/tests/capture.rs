@@ -1,0 +1,276 @@
+//! Reuse of record_stream'ed blocks during graph capture on the mock: the
+//! seven scenarios of spec 1.10 (PyTorch's outcomes in `pytorch` mode, at
+//! least those reuses in `cross_stream` mode, none with the flag off), and a
+//! property test over random multi-stream capture programs (zero races,
+//! invariants after every operation) in every mode.
+
+use cachalot_conformance::capture::{Cap, Op, run_program};
+use cachalot_core::graph_pool_handle;
+use proptest::prelude::*;
+
+/// An 8-float tensor (a 512-byte block), as PyTorch's tests use.
+const T: u64 = 32;
+
+const OFF: &str = "graph_capture_record_stream_reuse:False";
+const PYTORCH: &str = "graph_capture_record_stream_reuse:pytorch";
+const CROSS: &str = "graph_capture_record_stream_reuse:True";
+const MODES: [&str; 3] = [OFF, PYTORCH, CROSS];
+
+/// Outcome of a 2-stream scenario: (before-join alloc reused data1, after-join alloc reused data1).
+fn two_streams(
+    config: &str,
+    sink: bool,
+    s1_work_after_fork: bool,
+    after_on_s2: bool,
+) -> (bool, bool) {
+    let c = Cap::new(config);
+    let (s1, s2) = (c.stream(), c.stream());
+    let pool = graph_pool_handle();
+    c.begin(pool, s1);
+    let sink_t = c.alloc(T, s1, 1);
+    let data1 = c.alloc(T, s1, 2);
+    c.wait(s2, s1);
+    let buf = c.alloc(T, s2, 3);
+    c.m.use_memory(s2, data1, T, 2).expect("read data1 on s2");
+    c.a.record_stream(data1, s2).expect("record_stream");
+    if s1_work_after_fork {
+        c.op(s1);
+    }
+    c.free(data1);
+    let data2 = c.alloc(T, s1, 4);
+    let before = data2 == data1;
+    c.wait(s1, s2);
+    if sink {
+        c.m.use_memory(s1, sink_t, T, 1).expect("sink");
+    }
+    let data3 = if after_on_s2 {
+        c.alloc(T, s2, 5)
+    } else {
+        c.alloc(T, s1, 5)
+    };
+    let after = data3 == data1;
+    c.free(data3);
+    c.free(data2);
+    c.free(buf);
+    c.free(sink_t);
+    c.wait(s1, s2);
+    let _g = c.end(pool, s1);
+    c.check();
+    (before, after)
+}
+
+#[test]
+fn flag_off_never_reuses() {
+    for (sink, work) in [(true, false), (false, false), (false, true)] {
+        assert_eq!(two_streams(OFF, sink, work, false), (false, false));
+    }
+}
+
+#[test]
+fn reuse_after_join_with_sink() {
+    for cfg in [PYTORCH, CROSS] {
+        assert_eq!(two_streams(cfg, true, false, false), (false, true), "{cfg}");
+    }
+}
+
+#[test]
+fn reuse_after_join_without_sink() {
+    for cfg in [PYTORCH, CROSS] {
+        assert_eq!(
+            two_streams(cfg, false, false, false),
+            (false, true),
+            "{cfg}"
+        );
+    }
+}
+
+#[test]
+fn reuse_after_join_when_s1_worked_after_fork() {
+    // R1-frontier: no sink op needed even though S1 moved on after the fork.
+    for cfg in [PYTORCH, CROSS] {
+        assert_eq!(two_streams(cfg, false, true, false), (false, true), "{cfg}");
+    }
+}
+
+#[test]
+fn after_join_alloc_on_s2() {
+    // R2: PyTorch never hands S1's block to S2.
+    assert_eq!(two_streams(PYTORCH, false, false, true), (false, false));
+    // cross_stream: S2's visited set holds both markers (S1's write before
+    // the fork, S2's read), so S2 may take the block.
+    assert_eq!(two_streams(CROSS, false, false, true), (false, true));
+}
+
+/// The 4-stream scenario: returns whether the allocation after the partial
+/// joins reused data1, and whether the one after the full join did.
+fn four_streams(config: &str) -> (bool, bool) {
+    let c = Cap::new(config);
+    let s: Vec<_> = (0..4).map(|_| c.stream()).collect();
+    let pool = graph_pool_handle();
+    c.begin(pool, s[0]);
+    let sink1 = c.alloc(T, s[0], 1);
+    let data1 = c.alloc(T, s[0], 2);
+    for &x in &s[1..] {
+        c.wait(x, s[0]);
+    }
+    // the sink of S3 is allocated on S1 before the uses (a live block)
+    let sink3 = c.alloc(T, s[0], 3);
+    c.wait(s[2], s[0]);
+    for &x in &s[1..] {
+        c.use_on(data1, T, x, 2);
+    }
+    c.free(data1);
+    c.wait(s[0], s[1]);
+    c.m.use_memory(s[0], sink1, T, 1).expect("sink S1");
+    c.wait(s[2], s[3]);
+    c.m.use_memory(s[2], sink3, T, 3).expect("sink S3");
+    let partial = c.alloc(T, s[0], 4);
+    let r1 = partial == data1;
+    c.wait(s[0], s[2]);
+    c.m.use_memory(s[0], sink1, T, 1).expect("sink S1 again");
+    let full = c.alloc(T, s[0], 5);
+    let r2 = full == data1;
+    for p in [partial, full, sink1, sink3] {
+        c.free(p);
+    }
+    for &x in &s[1..] {
+        c.wait(s[0], x);
+    }
+    let _g = c.end(pool, s[0]);
+    (r1, r2)
+}
+
+#[test]
+fn four_streams_partial_joins_never_reuse() {
+    assert_eq!(four_streams(OFF), (false, false));
+    assert_eq!(four_streams(PYTORCH), (false, true));
+    assert_eq!(four_streams(CROSS), (false, true));
+}
+
+/// Two captures into one shared pool: a block record_streamed and freed in
+/// the first, reclaimed by nothing there; does the second reuse it?
+fn shared_pool(config: &str) -> bool {
+    let c = Cap::new(config);
+    let (s1, s2) = (c.stream(), c.stream());
+    let pool = graph_pool_handle();
+    c.begin(pool, s1);
+    let keep = c.alloc(T, s1, 1);
+    let data1 = c.alloc(T, s1, 2);
+    c.wait(s2, s1);
+    c.use_on(data1, T, s2, 2);
+    c.free(data1);
+    c.wait(s1, s2);
+    let _g1 = c.end(pool, s1);
+    // the second capture shares the pool (the first graph still holds it)
+    c.begin(pool, s1);
+    let x = c.alloc(T, s1, 3);
+    let reused = x == data1;
+    c.free(x);
+    let _g2 = c.end(pool, s1);
+    c.free(keep);
+    reused
+}
+
+#[test]
+fn second_capture_into_shared_pool() {
+    // 2.11: the deferred block is still active at the second capture.
+    assert!(!shared_pool(PYTORCH));
+    // #175817: freed at the end of the first capture.
+    assert!(shared_pool(CROSS));
+}
+
+#[test]
+fn pytorch_mode_keeps_deferred_blocks_active_at_capture_end() {
+    let c = Cap::new(PYTORCH);
+    let (s1, s2) = (c.stream(), c.stream());
+    let pool = graph_pool_handle();
+    c.begin(pool, s1);
+    let data1 = c.alloc(T, s1, 1);
+    c.wait(s2, s1);
+    c.use_on(data1, T, s2, 1);
+    c.free(data1);
+    c.wait(s1, s2);
+    let active = c.a.stats().active.all().current;
+    let _g = c.end(pool, s1);
+    assert_eq!(c.a.stats().active.all().current, active);
+    // the first malloc outside capture frees it
+    let y = c.alloc(T, s1, 2);
+    assert_eq!(c.a.stats().active.all().current, active);
+    c.free(y);
+}
+
+#[test]
+fn default_pool_block_returns_to_default_pool() {
+    let c = Cap::new(PYTORCH);
+    let (s1, s2) = (c.stream(), c.stream());
+    let before = c.alloc(T, s1, 1);
+    let pool = graph_pool_handle();
+    c.begin(pool, s1);
+    c.wait(s2, s1);
+    c.use_on(before, T, s2, 1);
+    c.free(before);
+    c.wait(s1, s2);
+    c.op(s1);
+    let inside = c.alloc(T, s1, 2);
+    assert_ne!(
+        inside, before,
+        "a private-pool allocation took a default-pool block"
+    );
+    c.free(inside);
+    let _g = c.end(pool, s1);
+    // outside capture the block is free in the default pool again
+    let after = c.alloc(T, s1, 3);
+    assert_eq!(after, before);
+    c.free(after);
+}
+
+#[test]
+fn no_event_queries_during_capture() {
+    // The mock's global capture mode invalidates a capture on any event
+    // query: a long mixed program must end cleanly in every mode.
+    for cfg in MODES {
+        let ops: Vec<Op> = (0..400)
+            .map(|i| match i % 5 {
+                0 | 3 => Op::Alloc {
+                    stream: i % 3,
+                    bytes: 512 * (1 + (i as u64 * 7919) % 4096),
+                },
+                1 => Op::Use {
+                    pick: i * 31,
+                    stream: i,
+                },
+                2 => Op::Free { pick: i * 17 },
+                _ => Op::Wait {
+                    waiter: i % 3,
+                    other: (i / 3) % 3,
+                },
+            })
+            .collect();
+        run_program(cfg, 3, &ops);
+    }
+}
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    let size = prop_oneof![1u64..=2048u64, 2048u64..=40_960u64].prop_map(|k| k * 512);
+    prop_oneof![
+        3 => (0usize..8, size).prop_map(|(stream, bytes)| Op::Alloc { stream, bytes }),
+        3 => (any::<usize>(), 0usize..8).prop_map(|(pick, stream)| Op::Use { pick, stream }),
+        3 => any::<usize>().prop_map(|pick| Op::Free { pick }),
+        1 => (0usize..8, 0usize..8).prop_map(|(waiter, other)| Op::Wait { waiter, other }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_capture_programs_are_race_free(
+        nstreams in 2usize..=5,
+        ops in prop::collection::vec(op_strategy(), 1..300),
+    ) {
+        // races and invariants are checked after every operation
+        for cfg in MODES {
+            run_program(cfg, nstreams, &ops);
+        }
+    }
+}
