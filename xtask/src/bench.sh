@@ -7,7 +7,7 @@
 # Environment:
 #   PASSES=5                 passes per trace (first = cold)
 #   CACHALOT_REPLAY=...      our replay command (trace paths are appended);
-#                            default: bin/cachalot replay --backend cuda --passes $PASSES
+#                            default: bin/cachalot replay --backend cuda --json --passes $PASSES
 #   CACHALOT_THREADS=...     our multi-thread command;
 #                            default: bin/cachalot threads --backend cuda
 #   BENCH_BINARIES=1         also run every binary under bench/ (criterion: --bench)
@@ -55,7 +55,7 @@ else
 fi
 
 # --- replay ------------------------------------------------------------------
-OURS_REPLAY=${CACHALOT_REPLAY:-"bin/cachalot replay --backend cuda --passes $PASSES"}
+OURS_REPLAY=${CACHALOT_REPLAY:-"bin/cachalot replay --backend cuda --json --passes $PASSES"}
 OURS_THREADS=${CACHALOT_THREADS:-"bin/cachalot threads --backend cuda"}
 if [ ${#TRACES[@]} -gt 0 ]; then
   if [ -x bin/cachalot ] || [ -n "${CACHALOT_REPLAY:-}" ]; then
