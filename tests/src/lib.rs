@@ -13,6 +13,7 @@ pub mod capture;
 pub mod cuda;
 pub mod mock;
 pub mod suite;
+pub mod vendor;
 
 use std::path::PathBuf;
 

@@ -22,3 +22,30 @@ fn cuda_backend() {
         Err(reason) => println!("skipped: cuda: {reason}"),
     }
 }
+
+#[cfg(feature = "hip")]
+#[test]
+fn hip_backend() {
+    match cachalot_conformance::vendor::hip::HipHarness::open() {
+        Ok(h) => {
+            let (_, failed) = run_all(&h);
+            assert_eq!(failed, 0, "{failed} conformance checks failed on HIP");
+        }
+        Err(reason) => println!("skipped: hip: {reason}"),
+    }
+}
+
+#[cfg(feature = "level-zero")]
+#[test]
+fn level_zero_backend() {
+    match cachalot_conformance::vendor::level_zero::LevelZeroHarness::open() {
+        Ok(h) => {
+            let (_, failed) = run_all(&h);
+            assert_eq!(
+                failed, 0,
+                "{failed} conformance checks failed on Level Zero"
+            );
+        }
+        Err(reason) => println!("skipped: level-zero: {reason}"),
+    }
+}

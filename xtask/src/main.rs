@@ -4,6 +4,11 @@
 //!   pass/fail summary; without one, builds the release test and bench
 //!   binaries and packs them into `dist/cuda/` with a `run.sh` that runs them
 //!   on a GPU machine (no Rust needed there).
+//! * `test-hip`, `test-level-zero`: the same for HIP (AMD, device node
+//!   `/dev/kfd`) and Level Zero (Intel, a `/dev/dri/renderD*` node), packing
+//!   into `dist/hip/` and `dist/level-zero/`. Without hardware the tests still
+//!   run here first: they exercise the "library present or absent, no device"
+//!   paths and print `skipped: <reason>`.
 //! * `bench-cuda`: packs the release bench and CLI binaries, PyTorch's C++
 //!   anchors and the traces into `dist/cuda/` with a `bench.sh`.
 
@@ -20,6 +25,20 @@ use serde_json::Value;
 const CUDA_TEST_PACKAGES: &[(&str, Option<&str>)] = &[
     ("cachalot-cuda", None),
     ("cachalot-conformance", Some("cuda")),
+];
+
+/// Packages whose tests exercise the HIP backend (same rules as above).
+const HIP_TEST_PACKAGES: &[(&str, Option<&str>)] = &[
+    ("cachalot-hip-sys", None),
+    ("cachalot-hip", None),
+    ("cachalot-conformance", Some("hip")),
+];
+
+/// Packages whose tests exercise the Level Zero backend.
+const LEVEL_ZERO_TEST_PACKAGES: &[(&str, Option<&str>)] = &[
+    ("cachalot-level-zero-sys", None),
+    ("cachalot-level-zero", None),
+    ("cachalot-conformance", Some("level-zero")),
 ];
 
 /// Packages whose bench targets are packed (same rules as above).
@@ -44,6 +63,9 @@ usage: cargo xtask <command> [options]
 commands:
   test-cuda    run the CUDA tests when a GPU is present; otherwise build the
                release test and bench binaries into dist/cuda/ with run.sh
+  test-hip     the same for HIP (AMD GPUs); packs into dist/hip/
+  test-level-zero
+               the same for Level Zero (Intel GPUs); packs into dist/level-zero/
   bench-cuda   pack release bench/CLI binaries, the C++ anchors and traces
                into dist/cuda/ with bench.sh
 
@@ -71,6 +93,13 @@ fn main() -> ExitCode {
     }
     let result = match cmd.as_str() {
         "test-cuda" => test_cuda(&opts),
+        "test-hip" => test_vendor(&opts, "hip", HIP_TEST_PACKAGES, amd_gpu_present()),
+        "test-level-zero" => test_vendor(
+            &opts,
+            "level-zero",
+            LEVEL_ZERO_TEST_PACKAGES,
+            intel_gpu_present(),
+        ),
         "bench-cuda" => bench_cuda(&opts),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
@@ -207,6 +236,67 @@ fn gpu_present() -> bool {
         ])
         .status();
     matches!(status, Ok(s) if s.success())
+}
+
+/// An AMD GPU is visible: the ROCm kernel driver's node exists.
+fn amd_gpu_present() -> bool {
+    Path::new("/dev/kfd").exists()
+}
+
+/// An Intel GPU is visible: a DRM render node driven by i915 or xe.
+fn intel_gpu_present() -> bool {
+    let Ok(entries) = fs::read_dir("/sys/class/drm") else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        let name = e.file_name().to_string_lossy().into_owned();
+        name.starts_with("renderD")
+            && fs::read_link(e.path().join("device/driver"))
+                .ok()
+                .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .is_some_and(|d| d == "i915" || d == "xe")
+    })
+}
+
+/// `test-hip` / `test-level-zero`: with the hardware, run the vendor's test
+/// packages here; without it, run them here anyway (they take the no-device
+/// paths and skip with a reason) and pack release binaries into
+/// `dist/<vendor>/` with `run.sh` for a machine that has the hardware.
+fn test_vendor(
+    opts: &Options,
+    vendor: &str,
+    packages: &[(&str, Option<&str>)],
+    present: bool,
+) -> Res<bool> {
+    let pkgs = metadata()?;
+    let selected = select(&pkgs, packages);
+    let ok = run_tests_here(&selected)?;
+    if present && !opts.pack {
+        return Ok(ok);
+    }
+    println!("xtask: no {vendor} device here: packing test binaries for a machine with one");
+    let dist = root().join("dist").join(vendor);
+    let tests_dir = dist.join("tests");
+    reset_dir(&tests_dir)?;
+    let mut n = 0;
+    for (pkg, feature) in &selected {
+        let mut cmd = cargo();
+        cmd.args(["test", "--release", "--no-run", "--message-format=json"]);
+        feature_args(&mut cmd, pkg, feature);
+        for (name, exe) in built_executables(cmd, &pkgs, true)? {
+            copy_binary(&exe, &tests_dir.join(&name), opts.strip)?;
+            n += 1;
+        }
+    }
+    let traces = pack_traces(&dist)?;
+    write_script(&dist.join("run.sh"), RUN_SH)?;
+    println!(
+        "xtask: packed {n} test binaries{} into {}",
+        if traces { " and traces/" } else { "" },
+        dist.display()
+    );
+    println!("xtask: on the {vendor} machine run: dist/{vendor}/run.sh");
+    Ok(ok)
 }
 
 #[derive(Default, Clone, Copy)]
