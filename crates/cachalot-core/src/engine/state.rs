@@ -21,6 +21,49 @@ pub(crate) type PoolIdx = u32;
 /// A memory pool id as PyTorch's `MempoolId_t`; (0,0) is the default pool.
 pub type PoolId = (u64, u64);
 
+/// The streams a block is used on besides its own: almost always none, so
+/// kept out of line (one pointer in the block instead of a `Vec`).
+#[derive(Clone, Debug)]
+#[allow(
+    clippy::box_collection,
+    reason = "one pointer in every block, a Vec only when used"
+)]
+pub(crate) struct Uses<S>(Option<Box<Vec<S>>>);
+
+impl<S> Default for Uses<S> {
+    fn default() -> Self {
+        Self(None)
+    }
+}
+
+impl<S: Copy> Uses<S> {
+    /// Adds a stream.
+    pub fn push(&mut self, s: S) {
+        self.0.get_or_insert_with(Default::default).push(s);
+    }
+    /// Adds streams.
+    pub fn extend_from_slice(&mut self, v: &[S]) {
+        if !v.is_empty() {
+            self.0
+                .get_or_insert_with(Default::default)
+                .extend_from_slice(v);
+        }
+    }
+    /// Removes every stream.
+    #[inline]
+    pub fn clear(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl<S> std::ops::Deref for Uses<S> {
+    type Target = [S];
+    #[inline]
+    fn deref(&self) -> &[S] {
+        self.0.as_deref().map_or(&[], |v| v.as_slice())
+    }
+}
+
 /// Life-cycle state of a block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum BState {
@@ -51,9 +94,9 @@ pub(crate) struct Block<S> {
     /// change at run time; the flag keeps the stat balanced).
     pub oversize: bool,
     /// Streams recorded with `record_stream` (outside capture or before it).
-    pub stream_uses: Vec<S>,
+    pub stream_uses: Uses<S>,
     /// Streams recorded while a capture was underway.
-    pub capture_uses: Vec<S>,
+    pub capture_uses: Uses<S>,
 }
 
 impl<S> Block<S> {
@@ -658,8 +701,8 @@ impl<B: Backend> Inner<B> {
             event_count: 0,
             gc_base: 0,
             oversize: false,
-            stream_uses: Vec::new(),
-            capture_uses: Vec::new(),
+            stream_uses: Uses::default(),
+            capture_uses: Uses::default(),
         });
         self.segments.insert(
             ptr,
@@ -702,8 +745,8 @@ impl<B: Backend> Inner<B> {
                 event_count: 0,
                 gc_base: 0,
                 oversize: false,
-                stream_uses: Vec::new(),
-                capture_uses: Vec::new(),
+                stream_uses: Uses::default(),
+                capture_uses: Uses::default(),
             };
             let rem_size = rem.size;
             let next = rem.next;
