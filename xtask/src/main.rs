@@ -238,6 +238,29 @@ fn gpu_present() -> bool {
     matches!(status, Ok(s) if s.success())
 }
 
+/// Builds the release test binaries of `selected` and copies them into
+/// `dist/tests/` (emptied first); returns how many.
+fn pack_tests(
+    pkgs: &[Package],
+    selected: &[(&Package, Option<String>)],
+    dist: &Path,
+    opts: &Options,
+) -> Res<usize> {
+    let tests_dir = dist.join("tests");
+    reset_dir(&tests_dir)?;
+    let mut n = 0;
+    for (pkg, feature) in selected {
+        let mut cmd = cargo();
+        cmd.args(["test", "--release", "--no-run", "--message-format=json"]);
+        feature_args(&mut cmd, pkg, feature);
+        for (name, exe) in built_executables(cmd, pkgs, true)? {
+            copy_binary(&exe, &tests_dir.join(&name), opts.strip)?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
 /// An AMD GPU is visible: the ROCm kernel driver's node exists.
 fn amd_gpu_present() -> bool {
     Path::new("/dev/kfd").exists()
@@ -276,18 +299,7 @@ fn test_vendor(
     }
     println!("xtask: no {vendor} device here: packing test binaries for a machine with one");
     let dist = root().join("dist").join(vendor);
-    let tests_dir = dist.join("tests");
-    reset_dir(&tests_dir)?;
-    let mut n = 0;
-    for (pkg, feature) in &selected {
-        let mut cmd = cargo();
-        cmd.args(["test", "--release", "--no-run", "--message-format=json"]);
-        feature_args(&mut cmd, pkg, feature);
-        for (name, exe) in built_executables(cmd, &pkgs, true)? {
-            copy_binary(&exe, &tests_dir.join(&name), opts.strip)?;
-            n += 1;
-        }
-    }
+    let n = pack_tests(&pkgs, &selected, &dist, opts)?;
     let traces = pack_traces(&dist)?;
     write_script(&dist.join("run.sh"), RUN_SH)?;
     println!(
@@ -337,18 +349,7 @@ fn test_cuda(opts: &Options) -> Res<bool> {
         println!("xtask: no usable GPU here: packing test binaries for a GPU machine");
     }
     let dist = root().join("dist").join("cuda");
-    let tests_dir = dist.join("tests");
-    reset_dir(&tests_dir)?;
-    let mut n = 0;
-    for (pkg, feature) in &selected {
-        let mut cmd = cargo();
-        cmd.args(["test", "--release", "--no-run", "--message-format=json"]);
-        feature_args(&mut cmd, pkg, feature);
-        for (name, exe) in built_executables(cmd, &pkgs, true)? {
-            copy_binary(&exe, &tests_dir.join(&name), opts.strip)?;
-            n += 1;
-        }
-    }
+    let n = pack_tests(&pkgs, &selected, &dist, opts)?;
     let nb = pack_benches(&pkgs, &dist, opts)?;
     let traces = pack_traces(&dist)?;
     write_script(&dist.join("run.sh"), RUN_SH)?;
