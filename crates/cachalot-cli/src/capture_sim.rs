@@ -367,8 +367,10 @@ impl Program {
             .auto_complete(true)
             .race_checking(race_checking)
             .build();
-        let mut config = AllocatorConfig::default();
-        config.graph_capture_record_stream_reuse = mode;
+        let config = AllocatorConfig {
+            graph_capture_record_stream_reuse: mode,
+            ..AllocatorConfig::default()
+        };
         let a = CachingAllocator::with_config(m.clone(), config).map_err(|e| e.to_string())?;
         let streams: Vec<MockStream> = (0..self.streams).map(|_| m.create_stream()).collect();
         let s0 = streams[0];

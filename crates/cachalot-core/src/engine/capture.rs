@@ -42,7 +42,7 @@ pub(crate) struct NodeHasher(u64);
 impl NodeHasher {
     #[inline]
     fn add(&mut self, x: u64) {
-        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x51_7CC1_B727_220A_95);
+        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x517C_C1B7_2722_0A95);
     }
 }
 
@@ -70,6 +70,9 @@ impl Hasher for NodeHasher {
         self.add(x as u64);
     }
 }
+
+/// A capture id and a stream's current terminal nodes.
+type CaptureFrontier<N> = (u64, Vec<N>);
 
 /// A set of graph nodes (a stream's visited set).
 pub(crate) type NodeSet<N> = HashSet<N, BuildHasherDefault<NodeHasher>>;
@@ -270,7 +273,7 @@ impl<B: Backend> Inner<B> {
         &mut self,
         backend: &B,
         stream: B::Stream,
-    ) -> Result<Option<(u64, Vec<B::Node>)>, Error> {
+    ) -> Result<Option<CaptureFrontier<B::Node>>, Error> {
         let info = backend.capture_info(stream)?;
         if info.status != CaptureStatus::Active || info.terminals.is_empty() {
             return Ok(None);
