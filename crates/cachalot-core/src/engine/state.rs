@@ -791,6 +791,24 @@ impl<B: Backend> Inner<B> {
         addr
     }
 
+    /// `id` absorbs its next neighbour (already out of the free set), which
+    /// is dropped; returns the absorbed size.
+    fn absorb_next(&mut self, id: BlockId) -> u64 {
+        let next = self.blocks[id as usize].next;
+        let (nsize, nnext) = (
+            self.blocks[next as usize].size,
+            self.blocks[next as usize].next,
+        );
+        let b = &mut self.blocks[id as usize];
+        b.size += nsize;
+        b.next = nnext;
+        if nnext != NIL {
+            self.blocks[nnext as usize].prev = id;
+        }
+        self.drop_block(next);
+        nsize
+    }
+
     /// Returns a block to its pool, merging with free neighbours (PyTorch's `free_block`).
     pub fn free_block(&mut self, mut id: BlockId) -> BlockId {
         let b = &self.blocks[id as usize];
@@ -814,19 +832,9 @@ impl<B: Backend> Inner<B> {
             && self.blocks[prev as usize].stream == stream
         {
             self.remove_free(prev);
-            let (size, next) = {
-                let b = &self.blocks[id as usize];
-                (b.size, b.next)
-            };
             net_split -= 1;
             net_split_bytes -= self.blocks[prev as usize].size as i64;
-            let p = &mut self.blocks[prev as usize];
-            p.size += size;
-            p.next = next;
-            if next != NIL {
-                self.blocks[next as usize].prev = prev;
-            }
-            self.drop_block(id);
+            self.absorb_next(prev);
             id = prev;
         }
         let next = self.blocks[id as usize].next;
@@ -835,19 +843,8 @@ impl<B: Backend> Inner<B> {
             && self.blocks[next as usize].stream == stream
         {
             self.remove_free(next);
-            let (nsize, nnext) = {
-                let n = &self.blocks[next as usize];
-                (n.size, n.next)
-            };
             net_split -= 1;
-            net_split_bytes -= nsize as i64;
-            let b = &mut self.blocks[id as usize];
-            b.size += nsize;
-            b.next = nnext;
-            if nnext != NIL {
-                self.blocks[nnext as usize].prev = id;
-            }
-            self.drop_block(next);
+            net_split_bytes -= self.absorb_next(id) as i64;
         }
         {
             let b = &mut self.blocks[id as usize];
@@ -1008,17 +1005,7 @@ impl<B: Backend> Inner<B> {
                 self.remove_free(id);
                 self.remove_free(next);
                 let st = self.blocks[id as usize].stat_type();
-                let (nsize, nnext) = (
-                    self.blocks[next as usize].size,
-                    self.blocks[next as usize].next,
-                );
-                let b = &mut self.blocks[id as usize];
-                b.size += nsize;
-                b.next = nnext;
-                if nnext != NIL {
-                    self.blocks[nnext as usize].prev = id;
-                }
-                self.drop_block(next);
+                self.absorb_next(id);
                 // two inactive split blocks became one (or an unsplit segment)
                 self.stats.inactive_split.update(st, -2);
                 self.stats
