@@ -3,6 +3,7 @@
 //! devices `make_busy` and `fill` do nothing and `read` returns `None`: the
 //! checks that need a busy stream run only when the stream is observed busy.
 
+/// The HIP harness.
 #[cfg(feature = "hip")]
 pub mod hip {
     use cachalot_hip::{HipBackend, HipStream, OwnedStream};
@@ -49,6 +50,7 @@ pub mod hip {
     }
 }
 
+/// The Level Zero harness.
 #[cfg(feature = "level-zero")]
 pub mod level_zero {
     use cachalot_level_zero::{LevelZeroBackend, OwnedStream, ZeStream};
