@@ -7,8 +7,11 @@ use crate::Harness;
 
 const MIB: u64 = 1 << 20;
 
+/// One named check of the suite.
+pub type Check<H> = (&'static str, fn(&H));
+
 /// Every check of the suite, by name, for a test binary to run in turn.
-pub fn all<H: Harness>() -> Vec<(&'static str, fn(&H))> {
+pub fn all<H: Harness>() -> Vec<Check<H>> {
     vec![
         ("alloc_free_reuse", alloc_free_reuse::<H>),
         ("data_survives_reuse", data_survives_reuse::<H>),

@@ -106,14 +106,14 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
             Op::Free { .. } => {}
             Op::FreeBad { idx, offset } => {
-                if let Some(&p) = freed.get(idx % freed.len().max(1)) {
-                    if !live.iter().any(|l| l.addr == p + offset) {
-                        let e = a.free(p + offset).unwrap_err();
-                        prop_assert!(
-                            matches!(e, Error::DoubleFree(_) | Error::UnknownPointer(_)),
-                            "{e}"
-                        );
-                    }
+                if let Some(&p) = freed.get(idx % freed.len().max(1))
+                    && !live.iter().any(|l| l.addr == p + offset)
+                {
+                    let e = a.free(p + offset).unwrap_err();
+                    prop_assert!(
+                        matches!(e, Error::DoubleFree(_) | Error::UnknownPointer(_)),
+                        "{e}"
+                    );
                 }
                 let e = a.free(0x10_0000_0000_0000 + offset).unwrap_err();
                 prop_assert!(matches!(e, Error::UnknownPointer(_)));

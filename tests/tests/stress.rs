@@ -41,7 +41,7 @@ fn threads_hammer_one_allocator() {
                     match a.allocate(size, s) {
                         Ok(p) => {
                             m.use_memory(s, p, size, (t as u64) << 40 | i).unwrap();
-                            if x % 7 == 0 {
+                            if x.is_multiple_of(7) {
                                 // used on a neighbour stream too, ordered after s
                                 let other = streams[(t + 1) % streams.len()];
                                 let e = m.create_event().unwrap();
@@ -74,7 +74,7 @@ fn threads_hammer_one_allocator() {
                 a.empty_cache().unwrap();
                 let _ = a.snapshot();
                 let _ = a.memory_stats();
-                a.set_config(if n % 2 == 0 {
+                a.set_config(if n.is_multiple_of(2) {
                     "max_split_size_mb:64"
                 } else {
                     ""
