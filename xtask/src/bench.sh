@@ -97,7 +97,8 @@ def load(name, key):
                 continue
             k = j.get(key)
             if k is not None:
-                out[os.path.basename(str(k))] = j
+                k = os.path.basename(str(k))
+                out[k[:-6] if k.endswith(".trace") else k] = j
     except OSError:
         pass
     return out
