@@ -77,6 +77,9 @@ type CaptureFrontier<N> = (u64, Vec<N>);
 /// A set of graph nodes (a stream's visited set).
 pub(crate) type NodeSet<N> = HashSet<N, BuildHasherDefault<NodeHasher>>;
 
+/// A map keyed by streams, capture ids or nodes, with the fast hasher.
+pub(crate) type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<NodeHasher>>;
+
 /// Per-stream state of the reclaim step: the terminals and the number of
 /// deferred blocks pushed at the last check (nothing changed = nothing new
 /// to reclaim).
@@ -92,30 +95,30 @@ pub(crate) struct CrossLog<S, N> {
     /// Per stream, its terminal sets at free moments, oldest first (a
     /// stream's frontier only moves forward, so a later snapshot's ancestors
     /// include an earlier one's).
-    snaps: HashMap<S, Vec<Vec<N>>>,
+    snaps: FastMap<S, Vec<Vec<N>>>,
     /// Disjoint freed ranges: start → (end, freeing stream, snapshot index).
     ranges: BTreeMap<u64, (u64, S, u32)>,
     /// (requesting stream, freeing stream) → number of the freeing stream's
     /// snapshots known to lie in the requesting stream's visited set.
-    known: HashMap<(S, S), u32>,
+    known: FastMap<(S, S), u32>,
     /// A free could not be logged: no free block moves across streams in
     /// this capture any more.
     poisoned: bool,
     /// Deferred blocks with markers pushed, per allocation stream.
-    pushes: HashMap<S, u64>,
+    pushes: FastMap<S, u64>,
     /// The reclaim step's last check, per stream.
-    last: HashMap<S, LastCheck<N>>,
+    last: FastMap<S, LastCheck<N>>,
 }
 
 impl<S, N> Default for CrossLog<S, N> {
     fn default() -> Self {
         Self {
-            snaps: HashMap::new(),
+            snaps: FastMap::default(),
             ranges: BTreeMap::new(),
-            known: HashMap::new(),
+            known: FastMap::default(),
             poisoned: false,
-            pushes: HashMap::new(),
-            last: HashMap::new(),
+            pushes: FastMap::default(),
+            last: FastMap::default(),
         }
     }
 }

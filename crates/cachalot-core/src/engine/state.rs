@@ -417,7 +417,7 @@ pub(crate) struct Deferred<N> {
 /// Per-capture reuse context: for each stream, the set of graph nodes
 /// known to precede its future work.
 pub(crate) struct ReuseContext<S, N> {
-    pub visited: HashMap<S, crate::engine::capture::NodeSet<N>>,
+    pub visited: crate::engine::capture::FastMap<S, crate::engine::capture::NodeSet<N>>,
     pub pool: PoolId,
     /// `cross_stream` mode's log of frees (see `capture.rs`).
     pub cross: crate::engine::capture::CrossLog<S, N>,
@@ -461,7 +461,7 @@ pub(crate) struct Inner<B: Backend> {
     pub event_pool: Vec<B::Event>,
     pub captures: Vec<CaptureEntry<B::Stream>>,
     pub deferred: Vec<Deferred<B::Node>>,
-    pub reuse_contexts: HashMap<u64, ReuseContext<B::Stream, B::Node>>,
+    pub reuse_contexts: crate::engine::capture::FastMap<u64, ReuseContext<B::Stream, B::Node>>,
     pub total_memory: u64,
     pub memory_fraction: f64,
     pub allowed_max: Option<u64>,
@@ -497,7 +497,7 @@ impl<B: Backend> Inner<B> {
             event_pool: Vec::new(),
             captures: Vec::new(),
             deferred: Vec::new(),
-            reuse_contexts: HashMap::new(),
+            reuse_contexts: Default::default(),
             total_memory,
             memory_fraction: config.per_process_memory_fraction,
             allowed_max: None,
