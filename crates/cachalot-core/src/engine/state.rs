@@ -129,9 +129,114 @@ const RECENT: usize = 8;
 /// the next iteration) come and go through the list without touching the
 /// tree. Lookups consider both, so the set behaves exactly as one ordered
 /// set keyed by (size, address).
+/// The free blocks of one size: the lowest-addressed one inline, any others
+/// (rare outside repeated-size workloads) in an ordered map.
+struct Slot {
+    first: (u64, BlockId),
+    #[allow(
+        clippy::box_collection,
+        reason = "keeps the tree's values one pointer wide"
+    )]
+    more: Option<Box<BTreeMap<u64, BlockId>>>,
+}
+
+/// Free blocks ordered by (size, address) with 8-byte tree keys: a tree
+/// keyed by size whose entries keep their blocks in address order.
+#[derive(Default)]
+struct SizeTree {
+    map: BTreeMap<u64, Slot>,
+    len: usize,
+}
+
+impl SizeTree {
+    #[inline]
+    fn insert(&mut self, size: u64, addr: u64, id: BlockId) {
+        self.len += 1;
+        match self.map.entry(size) {
+            std::collections::btree_map::Entry::Vacant(v) => {
+                v.insert(Slot {
+                    first: (addr, id),
+                    more: None,
+                });
+            }
+            std::collections::btree_map::Entry::Occupied(mut o) => {
+                let slot = o.get_mut();
+                let (a, i) = if addr < slot.first.0 {
+                    std::mem::replace(&mut slot.first, (addr, id))
+                } else {
+                    (addr, id)
+                };
+                slot.more.get_or_insert_with(Default::default).insert(a, i);
+            }
+        }
+    }
+
+    #[inline]
+    fn remove(&mut self, size: u64, addr: u64) -> Option<BlockId> {
+        let slot = self.map.get_mut(&size)?;
+        let id = if slot.first.0 == addr {
+            let id = slot.first.1;
+            match slot.more.as_mut().and_then(|m| m.pop_first()) {
+                Some(next) => {
+                    slot.first = next;
+                    if slot.more.as_ref().is_some_and(|m| m.is_empty()) {
+                        slot.more = None;
+                    }
+                }
+                None => {
+                    self.map.remove(&size);
+                }
+            }
+            id
+        } else {
+            let m = slot.more.as_mut()?;
+            let id = m.remove(&addr)?;
+            if m.is_empty() {
+                slot.more = None;
+            }
+            id
+        };
+        self.len -= 1;
+        Some(id)
+    }
+
+    fn get(&self, size: u64, addr: u64) -> Option<BlockId> {
+        let slot = self.map.get(&size)?;
+        if slot.first.0 == addr {
+            Some(slot.first.1)
+        } else {
+            slot.more.as_ref()?.get(&addr).copied()
+        }
+    }
+
+    /// The smallest (size, address) with size ≥ `size`.
+    #[inline]
+    fn first_at_least(&self, size: u64) -> Option<(u64, u64, BlockId)> {
+        let (&sz, slot) = self.map.range(size..).next()?;
+        Some((sz, slot.first.0, slot.first.1))
+    }
+
+    fn for_each(&self, mut f: impl FnMut(u64, u64, BlockId)) {
+        for (&sz, slot) in &self.map {
+            f(sz, slot.first.0, slot.first.1);
+            if let Some(m) = &slot.more {
+                for (&a, &id) in m.iter() {
+                    f(sz, a, id);
+                }
+            }
+        }
+    }
+}
+
+/// One stream's free blocks: an ordered tree plus a short list of the most
+/// recently inserted blocks. Blocks that are freed and soon taken again (the
+/// split remainder merged back on free, the tensor freed and reallocated in
+/// the next iteration) come and go through the list without touching the
+/// tree. Lookups consider both, so the set behaves exactly as one ordered
+/// set keyed by (size, address).
 #[derive(Default)]
 struct StreamSet {
-    tree: BTreeMap<u128, BlockId>,
+    tree: SizeTree,
     recent: Vec<(u128, BlockId)>,
 }
 
@@ -141,7 +246,8 @@ impl StreamSet {
         if self.recent.len() == RECENT {
             // the oldest entries sit at the front (removals swap from the back)
             let (ok, oid) = self.recent.swap_remove(0);
-            self.tree.insert(ok, oid);
+            let (sz, a) = unkey(ok);
+            self.tree.insert(sz, a, oid);
         }
         self.recent.push((k, id));
     }
@@ -151,7 +257,8 @@ impl StreamSet {
         if let Some(i) = self.recent.iter().position(|e| e.0 == k) {
             return Some(self.recent.swap_remove(i).1);
         }
-        self.tree.remove(&k)
+        let (sz, a) = unkey(k);
+        self.tree.remove(sz, a)
     }
 
     #[inline]
@@ -160,7 +267,25 @@ impl StreamSet {
             .iter()
             .find(|e| e.0 == k)
             .map(|e| e.1)
-            .or_else(|| self.tree.get(&k).copied())
+            .or_else(|| {
+                let (sz, a) = unkey(k);
+                self.tree.get(sz, a)
+            })
+    }
+
+    /// The smallest entry ≥ `k` (`k` has address 0) and where it lives.
+    #[inline]
+    fn best(&self, k: u128) -> Option<(u128, BlockId, Option<usize>)> {
+        let mut best = self
+            .tree
+            .first_at_least(unkey(k).0)
+            .map(|(sz, a, id)| (fkey(sz, a), id, None));
+        for (i, &(rk, rid)) in self.recent.iter().enumerate() {
+            if rk >= k && best.is_none_or(|b| rk < b.0) {
+                best = Some((rk, rid, Some(i)));
+            }
+        }
+        best
     }
 
     /// Removes and returns the smallest entry ≥ `k` if `accept` takes it.
@@ -170,16 +295,8 @@ impl StreamSet {
         k: u128,
         accept: impl FnOnce(u128) -> bool,
     ) -> Option<(u128, BlockId)> {
-        let mut best = self.tree.range(k..).next().map(|(&k, &id)| (k, id));
-        let mut at = None;
-        for (i, &(rk, rid)) in self.recent.iter().enumerate() {
-            if rk >= k && best.is_none_or(|b| rk < b.0) {
-                best = Some((rk, rid));
-                at = Some(i);
-            }
-        }
-        let b = best?;
-        if !accept(b.0) {
+        let (bk, bid, at) = self.best(k)?;
+        if !accept(bk) {
             return None;
         }
         match at {
@@ -187,31 +304,27 @@ impl StreamSet {
                 self.recent.swap_remove(i);
             }
             None => {
-                self.tree.remove(&b.0);
+                let (sz, a) = unkey(bk);
+                self.tree.remove(sz, a);
             }
         }
-        Some(b)
+        Some((bk, bid))
     }
 
     /// Smallest key ≥ `k`.
     #[inline]
     fn first_at_least(&self, k: u128) -> Option<(u128, BlockId)> {
-        let mut best = self.tree.range(k..).next().map(|(&k, &id)| (k, id));
-        for &(rk, rid) in &self.recent {
-            if rk >= k && best.is_none_or(|b| rk < b.0) {
-                best = Some((rk, rid));
-            }
-        }
-        best
+        self.best(k).map(|(bk, id, _)| (bk, id))
     }
 
     fn len(&self) -> usize {
-        self.tree.len() + self.recent.len()
+        self.tree.len + self.recent.len()
     }
 
     /// Every entry, in key order.
     fn sorted(&self) -> Vec<(u128, BlockId)> {
-        let mut v: Vec<(u128, BlockId)> = self.tree.iter().map(|(&k, &id)| (k, id)).collect();
+        let mut v: Vec<(u128, BlockId)> = Vec::with_capacity(self.len());
+        self.tree.for_each(|sz, a, id| v.push((fkey(sz, a), id)));
         v.extend_from_slice(&self.recent);
         v.sort_unstable_by_key(|e| e.0);
         v
