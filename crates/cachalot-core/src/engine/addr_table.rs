@@ -9,8 +9,8 @@ const EMPTY: u64 = 0;
 
 /// Address → block id. Address 0 is never a key (it is the null allocation).
 pub(crate) struct AddrTable {
-    keys: Vec<u64>,
-    vals: Vec<BlockId>,
+    /// (address, block id) pairs: a probe touches one cache line.
+    slots: Vec<(u64, BlockId)>,
     len: usize,
     mask: usize,
 }
@@ -31,8 +31,7 @@ impl Default for AddrTable {
 impl AddrTable {
     fn with_capacity_pow2(cap: usize) -> Self {
         Self {
-            keys: vec![EMPTY; cap],
-            vals: vec![0; cap],
+            slots: vec![(EMPTY, 0); cap],
             len: 0,
             mask: cap - 1,
         }
@@ -52,9 +51,9 @@ impl AddrTable {
         }
         let mut i = hash(addr) & self.mask;
         loop {
-            let k = self.keys[i];
+            let (k, v) = self.slots[i];
             if k == addr {
-                return Some(self.vals[i]);
+                return Some(v);
             }
             if k == EMPTY {
                 return None;
@@ -67,20 +66,17 @@ impl AddrTable {
     #[inline]
     pub fn insert(&mut self, addr: u64, id: BlockId) {
         debug_assert_ne!(addr, EMPTY);
-        if (self.len + 1) * 2 > self.keys.len() {
+        if (self.len + 1) * 2 > self.slots.len() {
             self.grow();
         }
         let mut i = hash(addr) & self.mask;
         loop {
-            let k = self.keys[i];
-            if k == EMPTY {
-                self.keys[i] = addr;
-                self.vals[i] = id;
-                self.len += 1;
-                return;
-            }
-            if k == addr {
-                self.vals[i] = id;
+            let k = self.slots[i].0;
+            if k == EMPTY || k == addr {
+                if k == EMPTY {
+                    self.len += 1;
+                }
+                self.slots[i] = (addr, id);
                 return;
             }
             i = (i + 1) & self.mask;
@@ -95,7 +91,7 @@ impl AddrTable {
         }
         let mut i = hash(addr) & self.mask;
         loop {
-            let k = self.keys[i];
+            let k = self.slots[i].0;
             if k == EMPTY {
                 return None;
             }
@@ -104,13 +100,13 @@ impl AddrTable {
             }
             i = (i + 1) & self.mask;
         }
-        let id = self.vals[i];
+        let id = self.slots[i].1;
         self.len -= 1;
         // backward-shift: pull later entries of the probe run into the hole
         let mut hole = i;
         let mut j = (i + 1) & self.mask;
         loop {
-            let k = self.keys[j];
+            let k = self.slots[j].0;
             if k == EMPTY {
                 break;
             }
@@ -119,20 +115,19 @@ impl AddrTable {
             let dist_j = j.wrapping_sub(home) & self.mask;
             let dist_hole = j.wrapping_sub(hole) & self.mask;
             if dist_j >= dist_hole {
-                self.keys[hole] = k;
-                self.vals[hole] = self.vals[j];
+                self.slots[hole] = self.slots[j];
                 hole = j;
             }
             j = (j + 1) & self.mask;
         }
-        self.keys[hole] = EMPTY;
+        self.slots[hole].0 = EMPTY;
         Some(id)
     }
 
     #[cold]
     fn grow(&mut self) {
-        let old = std::mem::replace(self, Self::with_capacity_pow2(self.keys.len() * 2));
-        for (k, v) in old.keys.into_iter().zip(old.vals) {
+        let old = std::mem::replace(self, Self::with_capacity_pow2(self.slots.len() * 2));
+        for (k, v) in old.slots {
             if k != EMPTY {
                 self.insert(k, v);
             }
@@ -141,11 +136,7 @@ impl AddrTable {
 
     /// Every (address, block id).
     pub fn iter(&self) -> impl Iterator<Item = (u64, BlockId)> + '_ {
-        self.keys
-            .iter()
-            .zip(&self.vals)
-            .filter(|(k, _)| **k != EMPTY)
-            .map(|(k, v)| (*k, *v))
+        self.slots.iter().copied().filter(|&(k, _)| k != EMPTY)
     }
 }
 
