@@ -173,7 +173,11 @@ impl SizeTree {
 
     #[inline]
     fn remove(&mut self, size: u64, addr: u64) -> Option<BlockId> {
-        let slot = self.map.get_mut(&size)?;
+        // one search: the entry is removed in place when its last block goes
+        let std::collections::btree_map::Entry::Occupied(mut o) = self.map.entry(size) else {
+            return None;
+        };
+        let slot = o.get_mut();
         let id = if slot.first.0 == addr {
             let id = slot.first.1;
             match slot.more.as_mut().and_then(|m| m.pop_first()) {
@@ -184,7 +188,7 @@ impl SizeTree {
                     }
                 }
                 None => {
-                    self.map.remove(&size);
+                    o.remove();
                 }
             }
             id
