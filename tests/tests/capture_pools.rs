@@ -5,7 +5,7 @@
 
 use cachalot_conformance::mock::MIB;
 use cachalot_core::{
-    AllocatorConfig, Backend, CachingAllocator, CaptureError, Error, PoolFilter, graph_pool_handle,
+    AllocatorConfig, CachingAllocator, CaptureError, Error, PoolFilter, graph_pool_handle,
 };
 use cachalot_mock::{MockBackend, MockConfig, MockStream};
 
