@@ -720,13 +720,21 @@ impl State {
     }
 
     fn node_dependencies(&mut self, node: MockNode) -> Result<Vec<MockNode>, BackendError> {
-        let map = |deps: &[u32]| {
-            deps.iter()
-                .map(|&index| MockNode {
-                    capture: node.capture,
-                    index,
-                })
-                .collect()
+        let mut out = Vec::new();
+        self.extend_node_dependencies(node, &mut out)?;
+        Ok(out)
+    }
+
+    fn extend_node_dependencies(
+        &mut self,
+        node: MockNode,
+        out: &mut Vec<MockNode>,
+    ) -> Result<(), BackendError> {
+        let map = |deps: &[u32], out: &mut Vec<MockNode>| {
+            out.extend(deps.iter().map(|&index| MockNode {
+                capture: node.capture,
+                index,
+            }));
         };
         let bad = |what: &str| {
             err(
@@ -736,18 +744,22 @@ impl State {
             )
         };
         if let Some(c) = self.captures.get(&node.capture) {
-            return c
+            let n = c
                 .nodes
                 .get(node.index as usize)
-                .map(|n| map(&n.deps))
-                .ok_or_else(|| bad("no such node in the capturing graph"));
+                .ok_or_else(|| bad("no such node in the capturing graph"))?;
+            map(&n.deps, out);
+            return Ok(());
         }
         match self.graphs.get(&node.capture).map(Weak::upgrade) {
-            Some(Some(g)) => g
-                .nodes
-                .get(node.index as usize)
-                .map(|n| map(&n.deps))
-                .ok_or_else(|| bad("no such node in the graph")),
+            Some(Some(g)) => {
+                let n = g
+                    .nodes
+                    .get(node.index as usize)
+                    .ok_or_else(|| bad("no such node in the graph"))?;
+                map(&n.deps, out);
+                Ok(())
+            }
             Some(None) => {
                 self.graphs.remove(&node.capture);
                 Err(bad("its graph was destroyed"))
@@ -1548,6 +1560,17 @@ impl Backend for MockBackend {
         self.with(|st| {
             st.counters.node_dependencies += 1;
             st.node_dependencies(node)
+        })
+    }
+
+    fn extend_node_dependencies(
+        &self,
+        node: MockNode,
+        out: &mut Vec<MockNode>,
+    ) -> Result<(), BackendError> {
+        self.with(|st| {
+            st.counters.node_dependencies += 1;
+            st.extend_node_dependencies(node, out)
         })
     }
 

@@ -159,6 +159,17 @@ pub trait Backend: Send + Sync + 'static {
         let _ = node;
         Err(BackendError::unsupported(self.name(), "node_dependencies"))
     }
+    /// Appends the direct dependencies of `node` to `out` (the engine's
+    /// reverse walk calls this once per node; backends override it to avoid
+    /// allocating a `Vec` per call).
+    fn extend_node_dependencies(
+        &self,
+        node: Self::Node,
+        out: &mut Vec<Self::Node>,
+    ) -> Result<(), BackendError> {
+        out.extend(self.node_dependencies(node)?);
+        Ok(())
+    }
     /// Adds an empty node depending on `deps` to the graph `stream` captures into.
     fn add_empty_node(
         &self,

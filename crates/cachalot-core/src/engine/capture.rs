@@ -307,8 +307,11 @@ impl<B: Backend> Inner<B> {
                 stack.push(t);
             }
         }
+        let mut deps: Vec<B::Node> = Vec::new();
         while let Some(n) = stack.pop() {
-            for d in backend.node_dependencies(n)? {
+            deps.clear();
+            backend.extend_node_dependencies(n, &mut deps)?;
+            for &d in &deps {
                 if visited.insert(d) {
                     stack.push(d);
                 }
