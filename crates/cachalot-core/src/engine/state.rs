@@ -588,11 +588,10 @@ pub(crate) struct Inner<B: Backend> {
 
 impl<B: Backend> Inner<B> {
     pub fn new(config: AllocatorConfig, total_memory: u64) -> Self {
-        let mut stats = DeviceStats {
+        let stats = DeviceStats {
             max_split_size: config.max_split_size_stat(),
             ..DeviceStats::default()
         };
-        stats.max_split_size = config.max_split_size_stat();
         let mut pool_index = HashMap::new();
         pool_index.insert((0, 0), 0);
         let mut s = Self {
@@ -1031,6 +1030,27 @@ impl<B: Backend> Inner<B> {
         Ok(r?)
     }
 
+    /// [`Self::stream_is_idle`], asked once per stream within one operation.
+    fn stream_is_idle_cached(
+        &mut self,
+        backend: &B,
+        seen: &mut Vec<(B::Stream, bool)>,
+        s: B::Stream,
+    ) -> Result<bool, Error> {
+        if let Some(e) = seen.iter().find(|e| e.0 == s) {
+            return Ok(e.1);
+        }
+        let ok = self.stream_is_idle(backend, s)?;
+        seen.push((s, ok));
+        Ok(ok)
+    }
+
+    /// Releases every unsplit free block of the default pools.
+    fn release_default_pools(&mut self, backend: &B) -> Result<(), Error> {
+        self.release_blocks(backend, 0, false)?;
+        self.release_blocks(backend, 0, true)
+    }
+
     /// cachalot extension (`idle_stream_reuse`): the best-fitting whole free
     /// segment of the same pool cached under another, idle stream, re-keyed
     /// to `p`'s stream. Safe because an idle stream has no unfinished work,
@@ -1067,14 +1087,7 @@ impl<B: Backend> Inner<B> {
         cands.sort_unstable_by_key(|c| (c.0, c.1));
         let mut idle: Vec<(B::Stream, bool)> = Vec::new();
         for (_, _, s, id) in cands {
-            let ok = match idle.iter().find(|e| e.0 == s) {
-                Some(e) => e.1,
-                None => {
-                    let ok = self.stream_is_idle(backend, s)?;
-                    idle.push((s, ok));
-                    ok
-                }
-            };
+            let ok = self.stream_is_idle_cached(backend, &mut idle, s)?;
             if ok {
                 self.remove_free(id);
                 self.blocks[id as usize].stream = p.stream;
@@ -1104,15 +1117,7 @@ impl<B: Backend> Inner<B> {
                 }
                 let mut both = true;
                 for s in [a.stream, b.stream] {
-                    let ok = match idle.iter().find(|e| e.0 == s) {
-                        Some(e) => e.1,
-                        None => {
-                            let ok = self.stream_is_idle(backend, s)?;
-                            idle.push((s, ok));
-                            ok
-                        }
-                    };
-                    both &= ok;
+                    both &= self.stream_is_idle_cached(backend, &mut idle, s)?;
                 }
                 if !both {
                     id = next;
@@ -1198,8 +1203,7 @@ impl<B: Backend> Inner<B> {
             if self.config.idle_stream_reuse {
                 self.merge_idle_neighbours(backend)?;
             }
-            self.release_blocks(backend, 0, false)?;
-            self.release_blocks(backend, 0, true)?;
+            self.release_default_pools(backend)?;
         }
         self.release_freeable_private_pools(backend)
     }
@@ -1488,8 +1492,7 @@ impl<B: Backend> Inner<B> {
             self.synchronize_and_free_events(backend, None)?;
             found = self.get_free_block(p);
             if found.is_none() {
-                self.release_blocks(backend, 0, false)?;
-                self.release_blocks(backend, 0, true)?;
+                self.release_default_pools(backend)?;
                 self.release_freeable_private_pools(backend)?;
                 found = self.alloc_block(backend, p)?;
             }
