@@ -100,6 +100,35 @@ pub(crate) struct Block<S> {
 }
 
 impl<S> Block<S> {
+    /// A free block with no requests, events or stream uses.
+    #[inline]
+    pub fn free(
+        addr: u64,
+        size: u64,
+        stream: S,
+        pool: PoolIdx,
+        small: bool,
+        prev: BlockId,
+        next: BlockId,
+    ) -> Self {
+        Self {
+            addr,
+            size,
+            requested: 0,
+            stream,
+            pool,
+            small,
+            prev,
+            next,
+            state: BState::Free,
+            event_count: 0,
+            gc_base: 0,
+            oversize: false,
+            stream_uses: Uses::default(),
+            capture_uses: Uses::default(),
+        }
+    }
+
     #[inline]
     pub fn is_split(&self) -> bool {
         self.prev != NIL || self.next != NIL
@@ -804,22 +833,7 @@ impl<B: Backend> Inner<B> {
         }
         self.stats.num_device_alloc += 1;
         self.pool_mut(p.pool).segments += 1;
-        let id = self.new_block(Block {
-            addr: ptr,
-            size,
-            requested: 0,
-            stream: p.stream,
-            pool: p.pool,
-            small: p.small,
-            prev: NIL,
-            next: NIL,
-            state: BState::Free,
-            event_count: 0,
-            gc_base: 0,
-            oversize: false,
-            stream_uses: Uses::default(),
-            capture_uses: Uses::default(),
-        });
+        let id = self.new_block(Block::free(ptr, size, p.stream, p.pool, p.small, NIL, NIL));
         self.segments.insert(
             ptr,
             Segment {
@@ -848,22 +862,15 @@ impl<B: Backend> Inner<B> {
         let already_split = self.blocks[id as usize].is_split();
         if self.should_split(&self.blocks[id as usize], p.size) {
             let b = &self.blocks[id as usize];
-            let rem = Block {
-                addr: b.addr + p.size,
-                size: b.size - p.size,
-                requested: 0,
-                stream: b.stream,
-                pool: b.pool,
-                small: b.small,
-                prev: id,
-                next: b.next,
-                state: BState::Free,
-                event_count: 0,
-                gc_base: 0,
-                oversize: false,
-                stream_uses: Uses::default(),
-                capture_uses: Uses::default(),
-            };
+            let rem = Block::free(
+                b.addr + p.size,
+                b.size - p.size,
+                b.stream,
+                b.pool,
+                b.small,
+                id,
+                b.next,
+            );
             let rem_size = rem.size;
             let next = rem.next;
             let rid = self.new_block(rem);
