@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use cachalot_core::replay::{Trace, replay};
+use cachalot_core::replay::{Trace, replay, replay_pass};
 use cachalot_core::{AllocatorConfig, Backend, CachingAllocator};
 use cachalot_mock::MockConfig;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -33,28 +33,7 @@ fn replay_bench(c: &mut Criterion) {
         let a = CachingAllocator::with_config(m, AllocatorConfig::default()).expect("allocator");
         // cold pass fills the cache; each measured iteration is one warm pass
         let mut ptr = vec![0u64; trace.num_ids];
-        let run = |ptr: &mut Vec<u64>| {
-            for op in &trace.ops {
-                match *op {
-                    cachalot_core::replay::Op::Alloc { id, size, stream } => {
-                        ptr[id as usize] = a
-                            .allocate(size, streams[stream as usize % 2])
-                            .expect("alloc");
-                    }
-                    cachalot_core::replay::Op::Free { id } => {
-                        let p = std::mem::take(&mut ptr[id as usize]);
-                        if p != 0 {
-                            a.free(p).expect("free");
-                        }
-                    }
-                }
-            }
-            for p in ptr.iter_mut() {
-                if *p != 0 {
-                    a.free(std::mem::take(p)).expect("free");
-                }
-            }
-        };
+        let run = |ptr: &mut Vec<u64>| replay_pass(&a, &streams, &trace, ptr).expect("pass");
         run(&mut ptr);
         g.throughput(Throughput::Elements(trace.ops.len() as u64));
         g.bench_function(name, |b| b.iter(|| run(&mut ptr)));

@@ -344,6 +344,38 @@ impl ReplayReport {
     }
 }
 
+/// One pass of `trace` through `alloc`: every op (stream index `i` maps to
+/// `streams[i % streams.len()]`), then the blocks still live are freed.
+/// `ptr` maps allocation ids to addresses (`trace.num_ids` entries, all 0
+/// on entry and on return). `streams` must not be empty.
+pub fn replay_pass<B: Backend>(
+    alloc: &CachingAllocator<B>,
+    streams: &[B::Stream],
+    trace: &Trace,
+    ptr: &mut [u64],
+) -> Result<(), Error> {
+    for op in &trace.ops {
+        match *op {
+            Op::Alloc { id, size, stream } => {
+                let s = streams[stream as usize % streams.len()];
+                ptr[id as usize] = alloc.allocate(size, s)?;
+            }
+            Op::Free { id } => {
+                let p = std::mem::take(&mut ptr[id as usize]);
+                if p != 0 {
+                    alloc.free(p)?;
+                }
+            }
+        }
+    }
+    for p in ptr.iter_mut() {
+        if *p != 0 {
+            alloc.free(std::mem::take(p))?;
+        }
+    }
+    Ok(())
+}
+
 /// Replays `trace` `passes` times through `alloc` as `cca_replay.cpp` does:
 /// empty the cache and reset stats first; each pass runs every op (stream
 /// index `i` maps to `streams[i % streams.len()]`) then frees what is still
@@ -369,25 +401,7 @@ pub fn replay<B: Backend>(
     let mut cold = (0.0, 0, 0, 0);
     for pass in 0..passes {
         let t0 = Instant::now();
-        for op in &trace.ops {
-            match *op {
-                Op::Alloc { id, size, stream } => {
-                    let s = streams[stream as usize % streams.len()];
-                    ptr[id as usize] = alloc.allocate(size, s)?;
-                }
-                Op::Free { id } => {
-                    let p = std::mem::take(&mut ptr[id as usize]);
-                    if p != 0 {
-                        alloc.free(p)?;
-                    }
-                }
-            }
-        }
-        for p in ptr.iter_mut() {
-            if *p != 0 {
-                alloc.free(std::mem::take(p))?;
-            }
-        }
+        replay_pass(alloc, streams, trace, &mut ptr)?;
         let per = t0.elapsed().as_nanos() as f64 / trace.ops.len().max(1) as f64;
         if pass == 0 {
             let s = alloc.stats();
