@@ -149,146 +149,281 @@ fn unkey(k: u128) -> (u64, u64) {
     ((k >> 64) as u64, k as u64)
 }
 
-/// Entries of a stream's recently-freed list before the oldest moves to the tree.
-const RECENT: usize = 8;
+/// Size classes per power of two in [`SizeTree`] (as a log2).
+const SUB_BITS: u32 = 4;
+/// Number of size classes: 16 per power of two from 2^9 up to 2^63.
+const NCLASS: usize = ((64 - 9) << SUB_BITS) as usize;
+/// Words of the non-empty-class bitmap.
+const NWORDS: usize = NCLASS.div_ceil(64);
+/// A class's sorted vector becomes a tree above this many blocks (and a
+/// vector again below half of it), so repeated-size workloads with
+/// thousands of equal-sized free blocks stay O(log n).
+const FLAT_MAX: usize = 64;
 
-/// One stream's free blocks: an ordered tree plus a short list of the most
-/// recently inserted blocks. Blocks that are freed and soon taken again (the
-/// split remainder merged back on free, the tensor freed and reallocated in
-/// the next iteration) come and go through the list without touching the
-/// tree. Lookups consider both, so the set behaves exactly as one ordered
-/// set keyed by (size, address).
-/// The free blocks of one size: the lowest-addressed one inline, any others
-/// (rare outside repeated-size workloads) in an ordered map.
-struct Slot {
-    first: (u64, BlockId),
-    #[allow(
-        clippy::box_collection,
-        reason = "keeps the tree's values one pointer wide"
-    )]
-    more: Option<Box<BTreeMap<u64, BlockId>>>,
+/// The size class of a block size: monotone in the size, 16 classes per
+/// power of two (sizes below 512 share class 0).
+#[inline]
+fn class_of(size: u64) -> usize {
+    let s = size.max(512);
+    let l = 63 - s.leading_zeros();
+    (((l - 9) << SUB_BITS) | ((s >> (l - SUB_BITS)) as u32 & ((1 << SUB_BITS) - 1))) as usize
 }
 
-/// Free blocks ordered by (size, address) with 8-byte tree keys: a tree
-/// keyed by size whose entries keep their blocks in address order.
-#[derive(Default)]
-struct SizeTree {
-    map: BTreeMap<u64, Slot>,
-    len: usize,
+/// One free block in a size class.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    size: u64,
+    addr: u64,
+    id: BlockId,
 }
 
-impl SizeTree {
+impl Entry {
     #[inline]
-    fn insert(&mut self, size: u64, addr: u64, id: BlockId) {
-        self.len += 1;
-        match self.map.entry(size) {
-            std::collections::btree_map::Entry::Vacant(v) => {
-                v.insert(Slot {
-                    first: (addr, id),
-                    more: None,
-                });
+    fn key(&self) -> (u64, u64) {
+        (self.size, self.addr)
+    }
+}
+
+/// The free blocks of one size class in (size, address) order: a sorted
+/// vector while short, a tree when long.
+enum Bin {
+    Flat(Vec<Entry>),
+    Tree(BTreeMap<(u64, u64), BlockId>),
+}
+
+impl Default for Bin {
+    fn default() -> Self {
+        Bin::Flat(Vec::new())
+    }
+}
+
+impl Bin {
+    #[inline]
+    fn len(&self) -> usize {
+        match self {
+            Bin::Flat(v) => v.len(),
+            Bin::Tree(t) => t.len(),
+        }
+    }
+
+    #[inline]
+    fn insert(&mut self, e: Entry) {
+        match self {
+            Bin::Flat(v) => {
+                match v.last() {
+                    None => v.push(e),
+                    Some(l) if l.key() < e.key() => v.push(e),
+                    _ => {
+                        let at = v.partition_point(|x| x.key() < e.key());
+                        v.insert(at, e);
+                    }
+                }
+                if v.len() > FLAT_MAX {
+                    *self = Bin::Tree(v.iter().map(|x| (x.key(), x.id)).collect());
+                }
             }
-            std::collections::btree_map::Entry::Occupied(mut o) => {
-                let slot = o.get_mut();
-                let (a, i) = if addr < slot.first.0 {
-                    std::mem::replace(&mut slot.first, (addr, id))
-                } else {
-                    (addr, id)
-                };
-                slot.more.get_or_insert_with(Default::default).insert(a, i);
+            Bin::Tree(t) => {
+                t.insert(e.key(), e.id);
             }
         }
     }
 
     #[inline]
     fn remove(&mut self, size: u64, addr: u64) -> Option<BlockId> {
-        // one search: the entry is removed in place when its last block goes
-        let std::collections::btree_map::Entry::Occupied(mut o) = self.map.entry(size) else {
+        match self {
+            Bin::Flat(v) => {
+                if v.len() == 1 {
+                    return (v[0].key() == (size, addr)).then(|| v.pop().map(|e| e.id))?;
+                }
+                let at = v.partition_point(|x| x.key() < (size, addr));
+                if v.get(at).is_some_and(|x| x.key() == (size, addr)) {
+                    Some(v.remove(at).id)
+                } else {
+                    None
+                }
+            }
+            Bin::Tree(t) => {
+                let id = t.remove(&(size, addr))?;
+                if t.len() < FLAT_MAX / 2 {
+                    let v = t
+                        .iter()
+                        .map(|(&(size, addr), &id)| Entry { size, addr, id })
+                        .collect();
+                    *self = Bin::Flat(v);
+                }
+                Some(id)
+            }
+        }
+    }
+
+    fn get(&self, size: u64, addr: u64) -> Option<BlockId> {
+        match self {
+            Bin::Flat(v) => {
+                let at = v.partition_point(|x| x.key() < (size, addr));
+                v.get(at).filter(|x| x.key() == (size, addr)).map(|x| x.id)
+            }
+            Bin::Tree(t) => t.get(&(size, addr)).copied(),
+        }
+    }
+
+    /// The smallest entry with a size ≥ `size`.
+    #[inline]
+    fn first_at_least(&self, size: u64) -> Option<Entry> {
+        match self {
+            Bin::Flat(v) => v.get(v.partition_point(|x| x.size < size)).copied(),
+            Bin::Tree(t) => t
+                .range((size, 0)..)
+                .next()
+                .map(|(&(size, addr), &id)| Entry { size, addr, id }),
+        }
+    }
+
+    fn for_each(&self, f: &mut impl FnMut(u64, u64, BlockId)) {
+        match self {
+            Bin::Flat(v) => v.iter().for_each(|e| f(e.size, e.addr, e.id)),
+            Bin::Tree(t) => t.iter().for_each(|(&(s, a), &id)| f(s, a, id)),
+        }
+    }
+}
+
+/// Free blocks ordered by (size, address): segregated size classes (16 per
+/// power of two, each a short sorted vector) with a two-level bitmap of the
+/// non-empty ones. Best fit is one class lookup plus, when that class has no
+/// block large enough, one bitmap scan to the next non-empty class; inserts
+/// and removals move a few entries of one short vector instead of walking
+/// and rebalancing a tree. The order is exactly PyTorch's (size, address)
+/// set order.
+struct SizeTree {
+    bins: Vec<Bin>,
+    bits: [u64; NWORDS],
+    summary: u64,
+    len: usize,
+}
+
+impl Default for SizeTree {
+    fn default() -> Self {
+        Self {
+            bins: Vec::new(),
+            bits: [0; NWORDS],
+            summary: 0,
+            len: 0,
+        }
+    }
+}
+
+impl SizeTree {
+    #[inline]
+    fn mark(&mut self, c: usize) {
+        self.bits[c / 64] |= 1 << (c % 64);
+        self.summary |= 1 << (c / 64);
+    }
+
+    #[inline]
+    fn unmark(&mut self, c: usize) {
+        self.bits[c / 64] &= !(1 << (c % 64));
+        if self.bits[c / 64] == 0 {
+            self.summary &= !(1 << (c / 64));
+        }
+    }
+
+    /// The first non-empty class ≥ `from`.
+    #[inline]
+    fn next_class(&self, from: usize) -> Option<usize> {
+        if from >= NCLASS {
             return None;
-        };
-        let slot = o.get_mut();
-        let id = if slot.first.0 == addr {
-            let id = slot.first.1;
-            match slot.more.as_mut().and_then(|m| m.pop_first()) {
-                Some(next) => {
-                    slot.first = next;
-                    if slot.more.as_ref().is_some_and(|m| m.is_empty()) {
-                        slot.more = None;
-                    }
-                }
-                None => {
-                    o.remove();
-                }
-            }
-            id
-        } else {
-            let m = slot.more.as_mut()?;
-            let id = m.remove(&addr)?;
-            if m.is_empty() {
-                slot.more = None;
-            }
-            id
-        };
+        }
+        let w = from / 64;
+        let m = self.bits[w] & (!0u64 << (from % 64));
+        if m != 0 {
+            return Some(w * 64 + m.trailing_zeros() as usize);
+        }
+        let s = self.summary & (!0u64).checked_shl(w as u32 + 1).unwrap_or(0);
+        if s == 0 {
+            return None;
+        }
+        let w = s.trailing_zeros() as usize;
+        Some(w * 64 + self.bits[w].trailing_zeros() as usize)
+    }
+
+    #[inline]
+    fn insert(&mut self, size: u64, addr: u64, id: BlockId) {
+        let c = class_of(size);
+        if self.bins.len() <= c {
+            self.bins.resize_with(c + 1, Bin::default);
+        }
+        self.bins[c].insert(Entry { size, addr, id });
+        self.mark(c);
+        self.len += 1;
+    }
+
+    #[inline]
+    fn remove(&mut self, size: u64, addr: u64) -> Option<BlockId> {
+        let c = class_of(size);
+        let bin = self.bins.get_mut(c)?;
+        let id = bin.remove(size, addr)?;
+        if bin.len() == 0 {
+            self.unmark(c);
+        }
         self.len -= 1;
         Some(id)
     }
 
     fn get(&self, size: u64, addr: u64) -> Option<BlockId> {
-        let slot = self.map.get(&size)?;
-        if slot.first.0 == addr {
-            Some(slot.first.1)
-        } else {
-            slot.more.as_ref()?.get(&addr).copied()
-        }
+        self.bins.get(class_of(size))?.get(size, addr)
     }
 
     /// The smallest (size, address) with size ≥ `size`.
     #[inline]
     fn first_at_least(&self, size: u64) -> Option<(u64, u64, BlockId)> {
-        let (&sz, slot) = self.map.range(size..).next()?;
-        Some((sz, slot.first.0, slot.first.1))
+        let c = class_of(size);
+        let hit = if self.bits[c / 64] & (1 << (c % 64)) != 0 {
+            self.bins[c].first_at_least(size)
+        } else {
+            None
+        };
+        let e = match hit {
+            Some(e) => e,
+            None => self.bins[self.next_class(c + 1)?].first_at_least(0)?,
+        };
+        Some((e.size, e.addr, e.id))
     }
 
     fn for_each(&self, mut f: impl FnMut(u64, u64, BlockId)) {
-        for (&sz, slot) in &self.map {
-            f(sz, slot.first.0, slot.first.1);
-            if let Some(m) = &slot.more {
-                for (&a, &id) in m.iter() {
-                    f(sz, a, id);
-                }
-            }
+        for b in &self.bins {
+            b.for_each(&mut f);
         }
     }
 }
 
-/// One stream's free blocks: an ordered tree plus a short list of the most
-/// recently inserted blocks. Blocks that are freed and soon taken again (the
-/// split remainder merged back on free, the tensor freed and reallocated in
-/// the next iteration) come and go through the list without touching the
-/// tree. Lookups consider both, so the set behaves exactly as one ordered
-/// set keyed by (size, address).
+/// One stream's free blocks: the size-class structure plus one slot for the
+/// most recently inserted block. A block that is freed and taken again at
+/// once (the tensor freed and reallocated in the next iteration, the split
+/// remainder merged back on free) comes and goes through the slot without
+/// touching the classes; any other insert moves the slot's block into them.
+/// Lookups consider both, so the set behaves exactly as one ordered set
+/// keyed by (size, address).
 #[derive(Default)]
 struct StreamSet {
     tree: SizeTree,
-    recent: Vec<(u128, BlockId)>,
+    recent: Option<(u128, BlockId)>,
 }
 
 impl StreamSet {
     #[inline]
     fn insert(&mut self, k: u128, id: BlockId) {
-        if self.recent.len() == RECENT {
-            // the oldest entries sit at the front (removals swap from the back)
-            let (ok, oid) = self.recent.swap_remove(0);
+        if let Some((ok, oid)) = self.recent.replace((k, id)) {
             let (sz, a) = unkey(ok);
             self.tree.insert(sz, a, oid);
         }
-        self.recent.push((k, id));
     }
 
     #[inline]
     fn remove(&mut self, k: u128) -> Option<BlockId> {
-        if let Some(i) = self.recent.iter().position(|e| e.0 == k) {
-            return Some(self.recent.swap_remove(i).1);
+        if let Some((rk, rid)) = self.recent
+            && rk == k
+        {
+            self.recent = None;
+            return Some(rid);
         }
         let (sz, a) = unkey(k);
         self.tree.remove(sz, a)
@@ -296,29 +431,27 @@ impl StreamSet {
 
     #[inline]
     fn get(&self, k: u128) -> Option<BlockId> {
-        self.recent
-            .iter()
-            .find(|e| e.0 == k)
-            .map(|e| e.1)
-            .or_else(|| {
+        match self.recent {
+            Some((rk, rid)) if rk == k => Some(rid),
+            _ => {
                 let (sz, a) = unkey(k);
                 self.tree.get(sz, a)
-            })
-    }
-
-    /// The smallest entry ≥ `k` (`k` has address 0) and where it lives.
-    #[inline]
-    fn best(&self, k: u128) -> Option<(u128, BlockId, Option<usize>)> {
-        let mut best = self
-            .tree
-            .first_at_least(unkey(k).0)
-            .map(|(sz, a, id)| (fkey(sz, a), id, None));
-        for (i, &(rk, rid)) in self.recent.iter().enumerate() {
-            if rk >= k && best.is_none_or(|b| rk < b.0) {
-                best = Some((rk, rid, Some(i)));
             }
         }
-        best
+    }
+
+    /// The smallest entry ≥ `k` (`k` has address 0) and whether it is the
+    /// recent slot.
+    #[inline]
+    fn best(&self, k: u128) -> Option<(u128, BlockId, bool)> {
+        let t = self
+            .tree
+            .first_at_least(unkey(k).0)
+            .map(|(sz, a, id)| (fkey(sz, a), id, false));
+        match (self.recent, t) {
+            (Some((rk, rid)), t) if rk >= k && t.is_none_or(|t| rk < t.0) => Some((rk, rid, true)),
+            (_, t) => t,
+        }
     }
 
     /// Removes and returns the smallest entry ≥ `k` if `accept` takes it.
@@ -328,18 +461,15 @@ impl StreamSet {
         k: u128,
         accept: impl FnOnce(u128) -> bool,
     ) -> Option<(u128, BlockId)> {
-        let (bk, bid, at) = self.best(k)?;
+        let (bk, bid, recent) = self.best(k)?;
         if !accept(bk) {
             return None;
         }
-        match at {
-            Some(i) => {
-                self.recent.swap_remove(i);
-            }
-            None => {
-                let (sz, a) = unkey(bk);
-                self.tree.remove(sz, a);
-            }
+        if recent {
+            self.recent = None;
+        } else {
+            let (sz, a) = unkey(bk);
+            self.tree.remove(sz, a);
         }
         Some((bk, bid))
     }
@@ -351,19 +481,20 @@ impl StreamSet {
     }
 
     fn len(&self) -> usize {
-        self.tree.len + self.recent.len()
+        self.tree.len + usize::from(self.recent.is_some())
     }
 
     /// Every entry, in key order.
     fn sorted(&self) -> Vec<(u128, BlockId)> {
         let mut v: Vec<(u128, BlockId)> = Vec::with_capacity(self.len());
         self.tree.for_each(|sz, a, id| v.push((fkey(sz, a), id)));
-        v.extend_from_slice(&self.recent);
-        v.sort_unstable_by_key(|e| e.0);
+        if let Some(r) = self.recent {
+            let at = v.partition_point(|e| e.0 < r.0);
+            v.insert(at, r);
+        }
         v
     }
 }
-
 /// Free blocks ordered by (stream, size, address) as PyTorch's free set:
 /// one [`StreamSet`] per stream, keyed by `size << 64 | address`.
 pub(crate) struct FreeSet<S> {
@@ -1800,5 +1931,79 @@ impl<B: Backend> Inner<B> {
             );
         }
         first_err.map_or(Ok(()), Err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    /// A small deterministic generator (no dependency on the proptest crate here).
+    fn lcg(x: &mut u64) -> u64 {
+        *x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        *x >> 33
+    }
+
+    #[test]
+    fn size_classes_are_monotone_and_in_range() {
+        let mut last = 0;
+        for s in (0..1u64 << 22).step_by(512).chain([u64::MAX / 2, u64::MAX]) {
+            let c = class_of(s);
+            assert!(c >= last, "class of {s} went down");
+            assert!(c < NCLASS);
+            last = c;
+        }
+        assert_eq!(class_of(0), class_of(512));
+        assert_ne!(class_of(1 << 20), class_of((1 << 20) + (1 << 16)));
+    }
+
+    /// The free set against an ordered set model: random inserts, removals,
+    /// best-fit takes and lookups, with sizes drawn from a few (to fill one
+    /// class past the vector-to-tree threshold and back) and from many.
+    #[test]
+    fn free_set_matches_an_ordered_set() {
+        for (seed, distinct) in [(1u64, 3u64), (2, 40), (3, 5000)] {
+            let mut rng = seed;
+            let mut set: FreeSet<u8> = FreeSet::default();
+            let mut model: BTreeSet<(u8, u64, u64)> = BTreeSet::new();
+            let mut next_addr = 0u64;
+            for step in 0..20_000u32 {
+                let stream = (lcg(&mut rng) % 2) as u8;
+                let size = 512 * (1 + lcg(&mut rng) % distinct) * (1 + lcg(&mut rng) % 3);
+                match lcg(&mut rng) % 4 {
+                    0 | 1 => {
+                        next_addr += 1 << 20;
+                        set.insert(stream, size, next_addr, step);
+                        model.insert((stream, size, next_addr));
+                    }
+                    2 => {
+                        let want = model.range((stream, size, 0)..).next().copied();
+                        let want = want.filter(|e| e.0 == stream);
+                        let got = set.take_first_at_least(stream, size, |_| true);
+                        assert_eq!(got.map(|g| (g.0, g.1)), want.map(|w| (w.1, w.2)));
+                        if let Some(w) = want {
+                            model.remove(&w);
+                        }
+                    }
+                    _ => {
+                        if let Some(&e) = model
+                            .iter()
+                            .nth(lcg(&mut rng) as usize % model.len().max(1))
+                        {
+                            assert!(set.get(e.0, e.1, e.2).is_some());
+                            assert!(set.remove(e.0, e.1, e.2).is_some());
+                            assert!(set.remove(e.0, e.1, e.2).is_none());
+                            model.remove(&e);
+                        }
+                    }
+                }
+                assert_eq!(set.len(), model.len());
+            }
+            let all: Vec<_> = set.iter().map(|(s, sz, a, _)| (s, sz, a)).collect();
+            assert_eq!(all, model.into_iter().collect::<Vec<_>>());
+        }
     }
 }
