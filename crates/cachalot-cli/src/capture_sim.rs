@@ -80,6 +80,14 @@ pub struct CaptureSimArgs {
     /// Timed runs (race checker off); the fastest is reported.
     #[arg(long = "timing-runs", default_value_t = 3)]
     pub timing_runs: u32,
+    /// Also report the unordered packing bound: the same allocations and
+    /// frees with every block on one stream and no `record_stream`, as if the
+    /// graph ordered nothing. It is unsafe (the race checker is off for it);
+    /// as a reference it shows how much of the reduction PyTorch's pool rules
+    /// allow a safe mode reaches (greedy packing, so not a proven lower
+    /// bound). Adds `bound_peak_reserved` to the JSON.
+    #[arg(long)]
+    pub bound: bool,
 }
 
 /// Runs `capture-sim`.
@@ -104,12 +112,13 @@ pub fn run(args: &CaptureSimArgs) -> Result<(), CliError> {
             mode,
             std::env::var_os("NORACE").is_none(),
             args.check_invariants,
+            false,
         )
         .map_err(CliError::failure)?;
     let mut capture_ns = u128::MAX;
     for _ in 0..args.timing_runs.max(1) {
         let t = program
-            .run_mock(mode, false, false)
+            .run_mock(mode, false, false, false)
             .map_err(CliError::failure)?;
         capture_ns = capture_ns.min(t.capture_ns);
     }
@@ -117,17 +126,28 @@ pub fn run(args: &CaptureSimArgs) -> Result<(), CliError> {
         capture_ns,
         ..checked
     };
+    let bound = if args.bound {
+        Some(
+            program
+                .run_mock(mode, false, false, true)
+                .map_err(CliError::failure)?
+                .peak_reserved,
+        )
+    } else {
+        None
+    };
     if args.json {
-        println!(
-            "{}",
-            serde_json::json!({
-                "peak_reserved": o.peak_reserved,
-                "peak_allocated": o.peak_allocated,
-                "reused_blocks": o.reused_blocks,
-                "races": o.races,
-                "capture_ns": o.capture_ns as u64,
-            })
-        );
+        let mut j = serde_json::json!({
+            "peak_reserved": o.peak_reserved,
+            "peak_allocated": o.peak_allocated,
+            "reused_blocks": o.reused_blocks,
+            "races": o.races,
+            "capture_ns": o.capture_ns as u64,
+        });
+        if let Some(b) = bound {
+            j["bound_peak_reserved"] = b.into();
+        }
+        println!("{j}");
     } else {
         println!(
             "capture-sim: {} streams, {} ops, seed {}, reuse {}",
@@ -153,6 +173,13 @@ pub fn run(args: &CaptureSimArgs) -> Result<(), CliError> {
             o.capture_ns as f64 / f64::from(params.ops.max(1))
         );
         println!("  races found    : {}", o.races);
+        if let Some(b) = bound {
+            println!(
+                "  unordered bound: {} bytes ({:.1} MiB)",
+                b,
+                b as f64 / MIB as f64
+            );
+        }
     }
     if o.races > 0 {
         return Err(CliError::failure(format!(
@@ -356,12 +383,15 @@ impl Program {
         }
     }
 
-    /// Runs the program captured on a fresh simulated H200.
+    /// Runs the program captured on a fresh simulated H200. `unordered`:
+    /// every allocation on the first stream and no `record_stream` (the
+    /// packing bound; unsafe by design).
     fn run_mock(
         &self,
         mode: CaptureReuse,
         race_checking: bool,
         check: bool,
+        unordered: bool,
     ) -> Result<Outcome, String> {
         let m = MockConfig::new(DEVICE_BYTES)
             .auto_complete(true)
@@ -412,7 +442,9 @@ impl Program {
                     bytes: n,
                 } => {
                     let s = streams[stream as usize];
-                    let p = a.allocate(n, s).map_err(|e| e.to_string())?;
+                    let p = a
+                        .allocate(n, if unordered { s0 } else { s })
+                        .map_err(|e| e.to_string())?;
                     let end = p + n;
                     let hits: Vec<u64> = deferred
                         .range(..end)
@@ -436,7 +468,9 @@ impl Program {
                     let p = addr[id as usize];
                     m.use_memory(s, p, bytes[id as usize], u64::from(id) + 1)
                         .map_err(|e| e.to_string())?;
-                    a.record_stream(p, s).map_err(|e| e.to_string())?;
+                    if !unordered {
+                        a.record_stream(p, s).map_err(|e| e.to_string())?;
+                    }
                     used_elsewhere[id as usize] = true;
                 }
                 Op::Free { id } => {
@@ -598,18 +632,40 @@ mod tests {
     fn modes_order_and_no_races() {
         for seed in 1..4 {
             let prog = Program::generate(&params(4, 400, seed));
-            let off = prog.run_mock(CaptureReuse::Off, true, true).expect("off");
+            let off = prog
+                .run_mock(CaptureReuse::Off, true, true, false)
+                .expect("off");
             let pt = prog
-                .run_mock(CaptureReuse::PyTorch, true, true)
+                .run_mock(CaptureReuse::PyTorch, true, true, false)
                 .expect("pytorch");
             let cs = prog
-                .run_mock(CaptureReuse::CrossStream, true, true)
+                .run_mock(CaptureReuse::CrossStream, true, true, false)
                 .expect("cross");
             assert_eq!((off.races, pt.races, cs.races), (0, 0, 0));
             assert_eq!(off.reused_blocks, 0);
             assert!(pt.peak_reserved <= off.peak_reserved);
             assert!(cs.peak_reserved <= off.peak_reserved);
         }
+    }
+
+    /// The unordered bound ignores the graph's ordering: it packs at least as
+    /// tightly as ordered reuse here, and the race checker catches it.
+    #[test]
+    fn unordered_bound_is_unsafe_and_tight() {
+        let mut raced = 0;
+        for seed in 1..4 {
+            let prog = Program::generate(&params(2, 400, seed));
+            let pt = prog
+                .run_mock(CaptureReuse::PyTorch, false, false, false)
+                .expect("pytorch");
+            let bound = prog
+                .run_mock(CaptureReuse::PyTorch, true, true, true)
+                .expect("bound");
+            assert!(bound.peak_reserved <= pt.peak_reserved);
+            assert!(bound.peak_allocated >= pt.peak_allocated / 2);
+            raced += bound.races;
+        }
+        assert!(raced > 0, "reuse that ignores the graph must race");
     }
 
     #[test]
