@@ -101,6 +101,52 @@ fn after_join_alloc_on_s2() {
     assert_eq!(two_streams(CROSS, false, false, true), (false, true));
 }
 
+/// `cross_stream`: S2 takes part of S1's fresh segment (a block of another
+/// stream with no captured use), so the segment holds blocks of two streams.
+/// When S2 frees its block after waiting for S1's free of the neighbour, the
+/// neighbour joins S2's free set and the segment is one free block again;
+/// without that wait it stays cut at the stream boundary. Returns the number
+/// of free blocks left in the segment.
+fn adopted_neighbour(wait_for_free: bool) -> usize {
+    let c = Cap::new(CROSS);
+    let (s1, s2) = (c.stream(), c.stream());
+    let pool = graph_pool_handle();
+    c.begin(pool, s1);
+    c.wait(s2, s1);
+    let a = c.alloc(T, s1, 1);
+    c.wait(s2, s1);
+    let b = c.alloc(T, s2, 2);
+    assert_eq!(b, a + 512, "S2 should take the rest of S1's fresh segment");
+    // S1 uses its block again after the fork, then frees it
+    c.m.use_memory(s1, a, T, 1).expect("use a on s1");
+    c.free(a);
+    if wait_for_free {
+        c.wait(s2, s1);
+    }
+    c.free(b);
+    let snap = c.a.snapshot();
+    let seg = snap
+        .segments
+        .iter()
+        .find(|g| g.address <= a && a < g.address + g.total_size)
+        .expect("segment");
+    let free = seg
+        .blocks
+        .iter()
+        .filter(|b| b.state == cachalot_core::engine::BlockState::Inactive)
+        .count();
+    c.wait(s1, s2);
+    let _g = c.end(pool, s1);
+    c.check();
+    free
+}
+
+#[test]
+fn free_neighbours_of_other_streams_merge_once_ordered() {
+    assert_eq!(adopted_neighbour(true), 1);
+    assert_eq!(adopted_neighbour(false), 2);
+}
+
 /// The 4-stream scenario: returns whether the allocation after the partial
 /// joins reused data1, and whether the one after the full join did.
 fn four_streams(config: &str) -> (bool, bool) {

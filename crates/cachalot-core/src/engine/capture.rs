@@ -468,10 +468,65 @@ impl<B: Backend> Inner<B> {
                 let id = d.block;
                 self.deferred.swap_remove(i);
                 self.blocks[id as usize].capture_uses.clear();
+                self.adopt_free_neighbours(backend, id)?;
                 let id = self.free_block(id);
                 self.note_capture_free(backend, id);
             } else {
                 i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// `cross_stream` mode, before block `id` (of stream T, about to be
+    /// freed during capture) merges with its neighbours: a free neighbour
+    /// cached under another stream joins T's free set when every free logged
+    /// over its bytes is in T's visited set (T's later work is ordered after
+    /// all of that memory's captured uses), so the two merge instead of
+    /// leaving the segment cut at a stream boundary.
+    pub(crate) fn adopt_free_neighbours(&mut self, backend: &B, id: BlockId) -> Result<(), Error> {
+        if self.config.graph_capture_record_stream_reuse != CaptureReuse::CrossStream {
+            return Ok(());
+        }
+        let b = &self.blocks[id as usize];
+        let t = b.stream;
+        let nbs = [b.prev, b.next];
+        let cand = |blocks: &[crate::engine::state::Block<B::Stream>], n: BlockId| {
+            n != crate::engine::state::NIL && {
+                let nb = &blocks[n as usize];
+                nb.state == BState::Free && nb.stream != t
+            }
+        };
+        if !nbs.iter().any(|&n| cand(&self.blocks, n)) {
+            return Ok(());
+        }
+        let Some((capture, _)) = self.extend_visited(backend, t)? else {
+            return Ok(());
+        };
+        let Some(ctx) = self.reuse_contexts.get(&capture) else {
+            return Ok(());
+        };
+        if ctx.cross.poisoned
+            || self.pool_index.get(&ctx.pool) != Some(&self.blocks[id as usize].pool)
+        {
+            return Ok(());
+        }
+        for n in nbs {
+            if !cand(&self.blocks, n) {
+                continue;
+            }
+            let (s, lo, hi) = {
+                let nb = &self.blocks[n as usize];
+                (nb.stream, nb.addr, nb.addr + nb.size)
+            };
+            let in_capture = match backend.capture_info(s) {
+                Ok(i) => i.status == CaptureStatus::Active && i.id == capture,
+                Err(_) => false,
+            };
+            if in_capture && self.range_visited(capture, t, lo, hi) {
+                self.remove_free(n);
+                self.blocks[n as usize].stream = t;
+                self.insert_free_block(n);
             }
         }
         Ok(())

@@ -829,6 +829,11 @@ impl<B: Backend> Inner<B> {
             .expect("block refers to a live pool")
     }
 
+    /// Puts a free block (taken out with `remove_free`) back in its free set.
+    pub(crate) fn insert_free_block(&mut self, id: BlockId) {
+        self.insert_free(id);
+    }
+
     #[inline]
     fn insert_free(&mut self, id: BlockId) {
         let b = &self.blocks[id as usize];
@@ -1717,6 +1722,9 @@ impl<B: Backend> Inner<B> {
         }
         let b = &mut self.blocks[id as usize];
         if b.stream_uses.is_empty() && b.capture_uses.is_empty() {
+            if !self.captures.is_empty() {
+                self.adopt_free_neighbours(backend, id)?;
+            }
             let id = self.free_block(id);
             if !self.captures.is_empty() {
                 self.note_capture_free(backend, id);
