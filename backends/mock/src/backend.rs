@@ -695,28 +695,78 @@ impl State {
     // ----- capture -------------------------------------------------------
 
     fn capture_info(&self, s: MockStream) -> Result<CaptureInfo<MockNode>, BackendError> {
+        let mut terminals = Vec::new();
+        let (status, id) = self.capture_state(s, &mut terminals)?;
+        Ok(CaptureInfo {
+            status,
+            id,
+            terminals,
+        })
+    }
+
+    fn capture_state(
+        &self,
+        s: MockStream,
+        terminals: &mut Vec<MockNode>,
+    ) -> Result<(CaptureStatus, u64), BackendError> {
         let i = self.stream_idx("capture_info", s)?;
         let st = &self.streams[i];
+        terminals.clear();
         let Some(id) = st.capture else {
-            return Ok(CaptureInfo::none());
+            return Ok((CaptureStatus::None, 0));
         };
         Ok(match self.captures.get(&id) {
-            Some(c) if c.status == CaptureStatus::Active => CaptureInfo {
-                status: CaptureStatus::Active,
-                id,
-                terminals: st
-                    .terminals
-                    .iter()
-                    .map(|&index| MockNode { capture: id, index })
-                    .collect(),
-            },
-            Some(_) => CaptureInfo {
-                status: CaptureStatus::Invalidated,
-                id,
-                terminals: Vec::new(),
-            },
-            None => CaptureInfo::none(),
+            Some(c) if c.status == CaptureStatus::Active => {
+                terminals.extend(
+                    st.terminals
+                        .iter()
+                        .map(|&index| MockNode { capture: id, index }),
+                );
+                (CaptureStatus::Active, id)
+            }
+            Some(_) => (CaptureStatus::Invalidated, id),
+            None => (CaptureStatus::None, 0),
         })
+    }
+
+    /// The reverse walk of `Backend::walk_ancestors`; returns the number of
+    /// nodes expanded (each counts as a `node_dependencies` call).
+    fn walk_ancestors<F: FnMut(MockNode) -> bool>(
+        &mut self,
+        from: &[MockNode],
+        mut visit: F,
+    ) -> Result<u64, BackendError> {
+        let mut stack: Vec<MockNode> = from.iter().copied().filter(|&n| visit(n)).collect();
+        let mut deps: Vec<MockNode> = Vec::new();
+        let mut expanded = 0;
+        while let Some(n) = stack.pop() {
+            expanded += 1;
+            // Nodes of a graph still being captured: no copy of their edges.
+            if let Some(g) = self
+                .captures
+                .get(&n.capture)
+                .and_then(|c| c.nodes.get(n.index as usize))
+            {
+                for &index in &g.deps {
+                    let d = MockNode {
+                        capture: n.capture,
+                        index,
+                    };
+                    if visit(d) {
+                        stack.push(d);
+                    }
+                }
+                continue;
+            }
+            deps.clear();
+            self.extend_node_dependencies(n, &mut deps)?;
+            for &d in &deps {
+                if visit(d) {
+                    stack.push(d);
+                }
+            }
+        }
+        Ok(expanded)
     }
 
     fn node_dependencies(&mut self, node: MockNode) -> Result<Vec<MockNode>, BackendError> {
@@ -1553,6 +1603,33 @@ impl Backend for MockBackend {
         self.with(|st| {
             st.counters.capture_info += 1;
             st.capture_info(stream)
+        })
+    }
+
+    fn capture_state(
+        &self,
+        stream: MockStream,
+        terminals: &mut Vec<MockNode>,
+    ) -> Result<(CaptureStatus, u64), BackendError> {
+        self.with(|st| {
+            st.counters.capture_info += 1;
+            st.capture_state(stream, terminals)
+        })
+    }
+
+    fn node_index(&self, capture: u64, node: MockNode) -> Option<u32> {
+        (node.capture == capture).then_some(node.index)
+    }
+
+    fn walk_ancestors<F: FnMut(MockNode) -> bool>(
+        &self,
+        from: &[MockNode],
+        visit: F,
+    ) -> Result<(), BackendError> {
+        self.with(|st| {
+            let expanded = st.walk_ancestors(from, visit)?;
+            st.counters.node_dependencies += expanded;
+            Ok(())
         })
     }
 

@@ -27,7 +27,7 @@
 //! Every capture-time check queries only the capture graph (terminal sets and
 //! node dependencies), never an event.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::backend::{Backend, CaptureStatus};
@@ -71,14 +71,157 @@ impl Hasher for NodeHasher {
     }
 }
 
-/// A capture id and a stream's current terminal nodes.
-type CaptureFrontier<N> = (u64, Vec<N>);
-
-/// A set of graph nodes (a stream's visited set).
-pub(crate) type NodeSet<N> = HashSet<N, BuildHasherDefault<NodeHasher>>;
-
 /// A map keyed by streams, capture ids or nodes, with the fast hasher.
 pub(crate) type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<NodeHasher>>;
+
+/// Largest node number a visited bitset grows to (2^26 nodes, 8 MiB): a
+/// larger number from the backend is treated as unnumbered.
+const MAX_NODE_NUMBER: u32 = 1 << 26;
+
+/// Sets bit `i`; true when it was clear.
+#[inline]
+fn bit_set(bits: &mut Vec<u64>, i: u32) -> bool {
+    let (w, m) = ((i / 64) as usize, 1u64 << (i % 64));
+    if w >= bits.len() {
+        bits.resize(w + 1, 0);
+    }
+    let new = bits[w] & m == 0;
+    bits[w] |= m;
+    new
+}
+
+/// Whether bit `i` is set.
+#[inline]
+fn bit_test(bits: &[u64], i: u32) -> bool {
+    bits.get((i / 64) as usize)
+        .is_some_and(|w| w & (1u64 << (i % 64)) != 0)
+}
+
+/// Dense numbers of the nodes of one capture's graph: the backend's
+/// ([`Backend::node_index`]) when it has them, else the engine's own.
+struct Numbering<N> {
+    /// `Some(true)`: the backend numbers nodes; `Some(false)`: the engine
+    /// does; `None`: no node seen yet.
+    backend: Option<bool>,
+    /// The engine's numbers (backends without `node_index`).
+    interned: FastMap<N, u32>,
+    /// The backend numbered some nodes and not others: no visited set is
+    /// trusted any more (every check answers "not visited").
+    broken: bool,
+}
+
+impl<N: Copy + Eq + std::hash::Hash> Numbering<N> {
+    /// The number of `node`, numbering it if new; `None` when it cannot be
+    /// numbered (then it is never counted as visited).
+    #[inline]
+    fn number<B: Backend<Node = N>>(&mut self, backend: &B, capture: u64, node: N) -> Option<u32> {
+        match (backend.node_index(capture, node), self.backend) {
+            (Some(i), None | Some(true)) if i < MAX_NODE_NUMBER => {
+                self.backend = Some(true);
+                Some(i)
+            }
+            (None, None | Some(false)) => {
+                self.backend = Some(false);
+                let next = self.interned.len() as u32;
+                Some(*self.interned.entry(node).or_insert(next))
+            }
+            _ => {
+                self.broken = true;
+                None
+            }
+        }
+    }
+
+    /// The number of `node` if it has one.
+    #[inline]
+    fn find<B: Backend<Node = N>>(&self, backend: &B, capture: u64, node: N) -> Option<u32> {
+        if self.broken {
+            return None;
+        }
+        match self.backend {
+            Some(true) => backend
+                .node_index(capture, node)
+                .filter(|&i| i < MAX_NODE_NUMBER),
+            Some(false) => self.interned.get(&node).copied(),
+            None => None,
+        }
+    }
+}
+
+/// The visited sets of one capture: for each stream, the graph nodes known
+/// to precede its future work (ancestors-or-self of every terminal it has
+/// had when walked), as bitsets over a dense numbering of the nodes.
+pub(crate) struct Reach<S, N> {
+    num: Numbering<N>,
+    streams: Vec<(S, Vec<u64>)>,
+}
+
+impl<S, N> Default for Reach<S, N> {
+    fn default() -> Self {
+        Self {
+            num: Numbering {
+                backend: None,
+                interned: FastMap::default(),
+                broken: false,
+            },
+            streams: Vec::new(),
+        }
+    }
+}
+
+impl<S: Copy + Eq, N: Copy + Eq + std::hash::Hash> Reach<S, N> {
+    /// The visited bitset of `stream`, if it has one.
+    #[inline]
+    fn bits(&self, stream: S) -> Option<&[u64]> {
+        self.streams
+            .iter()
+            .find(|(s, _)| *s == stream)
+            .map(|(_, b)| b.as_slice())
+    }
+
+    /// Whether every node of `nodes` is in `stream`'s visited set.
+    fn all_visited<B: Backend<Node = N>>(
+        &self,
+        backend: &B,
+        capture: u64,
+        stream: S,
+        nodes: &[N],
+    ) -> bool {
+        let Some(bits) = self.bits(stream) else {
+            return false;
+        };
+        nodes.iter().all(|&n| {
+            self.num
+                .find(backend, capture, n)
+                .is_some_and(|i| bit_test(bits, i))
+        })
+    }
+
+    /// Adds the ancestors-or-self of `terminals` to `stream`'s visited set
+    /// (incremental reverse walk: a visited node is never expanded again).
+    fn visit<B: Backend<Node = N>>(
+        &mut self,
+        backend: &B,
+        capture: u64,
+        stream: S,
+        terminals: &[N],
+    ) -> Result<(), Error> {
+        let slot = match self.streams.iter().position(|(s, _)| *s == stream) {
+            Some(i) => i,
+            None => {
+                self.streams.push((stream, Vec::new()));
+                self.streams.len() - 1
+            }
+        };
+        let num = &mut self.num;
+        let bits = &mut self.streams[slot].1;
+        backend.walk_ancestors(terminals, |n| {
+            num.number(backend, capture, n)
+                .is_some_and(|i| bit_set(bits, i))
+        })?;
+        Ok(())
+    }
+}
 
 /// Per-stream state of the reclaim step: the terminals and the number of
 /// deferred blocks pushed at the last check (nothing changed = nothing new
@@ -173,6 +316,25 @@ impl<S: Copy + Eq + std::hash::Hash, N: Copy + Eq> CrossLog<S, N> {
     }
 }
 
+/// Buffers the capture paths reuse, so that no operation allocates for a
+/// backend query.
+pub(crate) struct CaptureScratch<N> {
+    /// Terminals of the stream a malloc runs on.
+    terminals: Vec<N>,
+    /// Terminals of any other stream queried (free markers, logged frees,
+    /// capture membership).
+    other: Vec<N>,
+}
+
+impl<N> Default for CaptureScratch<N> {
+    fn default() -> Self {
+        Self {
+            terminals: Vec::new(),
+            other: Vec::new(),
+        }
+    }
+}
+
 impl<B: Backend> Inner<B> {
     /// Free markers of a block freed during capture; empty = wait for the
     /// capture's end. Never fails: any doubt gives the safe empty list.
@@ -184,26 +346,31 @@ impl<B: Backend> Inner<B> {
         if !b.stream_uses.is_empty() {
             return Ok(Vec::new());
         }
-        let streams: Vec<B::Stream> = std::iter::once(b.stream)
-            .chain(b.capture_uses.iter().copied())
-            .collect();
+        let uses = 1 + b.capture_uses.len();
+        let buf = &mut self.capture_scratch.other;
         let mut markers: Vec<B::Node> = Vec::new();
         let mut capture_id = None;
-        for s in streams {
-            let info = match backend.capture_info(s) {
+        for k in 0..uses {
+            let b = &self.blocks[id as usize];
+            let s = if k == 0 {
+                b.stream
+            } else {
+                b.capture_uses[k - 1]
+            };
+            let (status, cid) = match backend.capture_state(s, buf) {
                 Ok(i) => i,
                 Err(e) => {
                     tracing::warn!(%e, "capture_info failed while recording free markers");
                     return Ok(Vec::new());
                 }
             };
-            if info.status != CaptureStatus::Active {
+            if status != CaptureStatus::Active {
                 return Ok(Vec::new());
             }
-            if *capture_id.get_or_insert(info.id) != info.id {
+            if *capture_id.get_or_insert(cid) != cid {
                 return Ok(Vec::new());
             }
-            for n in info.terminals {
+            for &n in buf.iter() {
                 if !markers.contains(&n) {
                     markers.push(n);
                 }
@@ -270,65 +437,34 @@ impl<B: Backend> Inner<B> {
     }
 
     /// Extends the requesting stream's visited set; returns the capture id
-    /// and the stream's current terminals, or `None` when the stream is not
-    /// capturing into a registered pool.
-    fn extend_visited(
-        &mut self,
-        backend: &B,
-        stream: B::Stream,
-    ) -> Result<Option<CaptureFrontier<B::Node>>, Error> {
-        let info = backend.capture_info(stream)?;
-        if info.status != CaptureStatus::Active || info.terminals.is_empty() {
+    /// (the stream's current terminals are left in `capture_scratch`), or
+    /// `None` when the stream is not capturing into a registered pool.
+    fn extend_visited(&mut self, backend: &B, stream: B::Stream) -> Result<Option<u64>, Error> {
+        let (status, capture) =
+            backend.capture_state(stream, &mut self.capture_scratch.terminals)?;
+        if status != CaptureStatus::Active || self.capture_scratch.terminals.is_empty() {
             return Ok(None);
         }
-        if !self.ensure_context(backend, stream, info.id)? {
+        if !self.ensure_context(backend, stream, capture)? {
             return Ok(None);
         }
-        self.visit_from(backend, info.id, stream, &info.terminals)?;
-        Ok(Some((info.id, info.terminals)))
+        if let Some(ctx) = self.reuse_contexts.get_mut(&capture) {
+            ctx.visited
+                .visit(backend, capture, stream, &self.capture_scratch.terminals)?;
+        }
+        Ok(Some(capture))
     }
 
-    /// Adds the ancestors-or-self of `terminals` to `stream`'s visited set
-    /// (incremental reverse DFS: a visited node is never expanded again).
-    fn visit_from(
-        &mut self,
+    fn markers_visited(
+        &self,
         backend: &B,
         capture: u64,
         stream: B::Stream,
-        terminals: &[B::Node],
-    ) -> Result<(), Error> {
-        let Some(ctx) = self.reuse_contexts.get_mut(&capture) else {
-            return Ok(());
-        };
-        let visited = ctx.visited.entry(stream).or_default();
-        let mut stack: Vec<B::Node> = Vec::new();
-        for &t in terminals {
-            if visited.insert(t) {
-                stack.push(t);
-            }
-        }
-        let mut deps: Vec<B::Node> = Vec::new();
-        while let Some(n) = stack.pop() {
-            deps.clear();
-            backend.extend_node_dependencies(n, &mut deps)?;
-            for &d in &deps {
-                if visited.insert(d) {
-                    stack.push(d);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn markers_visited(&self, capture: u64, stream: B::Stream, markers: &[B::Node]) -> bool {
-        let Some(v) = self
-            .reuse_contexts
+        markers: &[B::Node],
+    ) -> bool {
+        self.reuse_contexts
             .get(&capture)
-            .and_then(|c| c.visited.get(&stream))
-        else {
-            return false;
-        };
-        markers.iter().all(|m| v.contains(m))
+            .is_some_and(|c| c.visited.all_visited(backend, capture, stream, markers))
     }
 
     /// `cross_stream` mode: logs the free block `id` (just freed and merged)
@@ -342,7 +478,8 @@ impl<B: Backend> Inner<B> {
         }
         let b = &self.blocks[id as usize];
         let (stream, lo, hi) = (b.stream, b.addr, b.addr + b.size);
-        let info = match backend.capture_info(stream) {
+        let (status, capture) = match backend.capture_state(stream, &mut self.capture_scratch.other)
+        {
             Ok(i) => i,
             Err(e) => {
                 tracing::warn!(%e, "capture_info failed; cross-stream reuse of free blocks stops");
@@ -352,10 +489,10 @@ impl<B: Backend> Inner<B> {
                 return;
             }
         };
-        if info.status != CaptureStatus::Active {
+        if status != CaptureStatus::Active {
             return;
         }
-        match self.ensure_context(backend, stream, info.id) {
+        match self.ensure_context(backend, stream, capture) {
             Ok(true) => {}
             Ok(false) => return,
             Err(e) => {
@@ -368,22 +505,27 @@ impl<B: Backend> Inner<B> {
         }
         let log = &mut self
             .reuse_contexts
-            .get_mut(&info.id)
+            .get_mut(&capture)
             .expect("ensured above")
             .cross;
-        let idx = log.snapshot(stream, &info.terminals);
+        let idx = log.snapshot(stream, &self.capture_scratch.other);
         log.log_range(lo, hi, stream, idx);
     }
 
     /// Whether every snapshot logged over `[lo, hi)` is in `stream`'s
     /// visited set (capture `capture`).
-    fn range_visited(&mut self, capture: u64, stream: B::Stream, lo: u64, hi: u64) -> bool {
+    fn range_visited(
+        &mut self,
+        backend: &B,
+        capture: u64,
+        stream: B::Stream,
+        lo: u64,
+        hi: u64,
+    ) -> bool {
         let Some(ctx) = self.reuse_contexts.get_mut(&capture) else {
             return false;
         };
-        let Some(visited) = ctx.visited.get(&stream) else {
-            return false;
-        };
+        let visited = &ctx.visited;
         let log = &mut ctx.cross;
         for (s, ix) in log.entries(lo, hi) {
             let known = log.known.get(&(stream, s)).copied().unwrap_or(0);
@@ -393,7 +535,7 @@ impl<B: Backend> Inner<B> {
             let Some(snap) = log.snaps.get(&s).and_then(|v| v.get(ix as usize)) else {
                 return false;
             };
-            if !snap.iter().all(|n| visited.contains(n)) {
+            if !visited.all_visited(backend, capture, stream, snap) {
                 return false;
             }
             log.known.insert((stream, s), ix + 1);
@@ -418,42 +560,46 @@ impl<B: Backend> Inner<B> {
             // a later extension covers this moment's ancestors too.
             return Ok(());
         }
-        let info = backend.capture_info(stream)?;
-        if info.status != CaptureStatus::Active || info.terminals.is_empty() {
+        let (status, capture) =
+            backend.capture_state(stream, &mut self.capture_scratch.terminals)?;
+        if status != CaptureStatus::Active || self.capture_scratch.terminals.is_empty() {
             return Ok(());
         }
-        let capture = info.id;
         if !self.ensure_context(backend, stream, capture)? {
             return Ok(());
         }
         // Nothing new since the last check (same terminals, no block
         // deferred since): nothing can have become reclaimable.
-        let log = &mut self
+        let terminals = &self.capture_scratch.terminals;
+        let ctx = self
             .reuse_contexts
             .get_mut(&capture)
-            .expect("ensured above")
-            .cross;
-        let pushes = log.pushes.get(&stream).copied().unwrap_or(0);
-        if log
+            .expect("ensured above");
+        let pushes = ctx.cross.pushes.get(&stream).copied().unwrap_or(0);
+        if ctx
+            .cross
             .last
             .get(&stream)
-            .is_some_and(|l| l.pushes == pushes && l.terminals == info.terminals)
+            .is_some_and(|l| l.pushes == pushes && l.terminals == *terminals)
         {
             return Ok(());
         }
-        self.visit_from(backend, capture, stream, &info.terminals)?;
-        let log = &mut self
-            .reuse_contexts
-            .get_mut(&capture)
-            .expect("ensured above")
-            .cross;
-        log.last.insert(
-            stream,
-            LastCheck {
-                terminals: info.terminals,
-                pushes,
-            },
-        );
+        ctx.visited.visit(backend, capture, stream, terminals)?;
+        match ctx.cross.last.get_mut(&stream) {
+            Some(l) => {
+                l.terminals.clone_from(terminals);
+                l.pushes = pushes;
+            }
+            None => {
+                ctx.cross.last.insert(
+                    stream,
+                    LastCheck {
+                        terminals: terminals.clone(),
+                        pushes,
+                    },
+                );
+            }
+        }
         let mut i = 0;
         while i < self.deferred.len() {
             let d = &self.deferred[i];
@@ -463,7 +609,7 @@ impl<B: Backend> Inner<B> {
                 && b.state == BState::Pending
                 && b.stream_uses.is_empty()
                 && b.event_count == 0
-                && self.markers_visited(capture, stream, &d.markers)
+                && self.markers_visited(backend, capture, stream, &d.markers)
             {
                 let id = d.block;
                 self.deferred.swap_remove(i);
@@ -491,7 +637,7 @@ impl<B: Backend> Inner<B> {
         if self.config.graph_capture_record_stream_reuse != CaptureReuse::CrossStream {
             return Ok(None);
         }
-        let Some((capture, terminals)) = self.extend_visited(backend, p.stream)? else {
+        let Some(capture) = self.extend_visited(backend, p.stream)? else {
             return Ok(None);
         };
         let max_split = self.config.max_split_size;
@@ -519,7 +665,7 @@ impl<B: Backend> Inner<B> {
             if best.is_some_and(|bk| (bk.0, bk.1) <= (b.size, b.addr)) {
                 continue;
             }
-            if self.markers_visited(capture, p.stream, &d.markers) {
+            if self.markers_visited(backend, capture, p.stream, &d.markers) {
                 best = Some((b.size, b.addr, i));
             }
         }
@@ -552,13 +698,14 @@ impl<B: Backend> Inner<B> {
                 let in_capture = match member.iter().find(|m| m.0 == s) {
                     Some(m) => m.1,
                     None => {
-                        let i = backend.capture_info(s)?;
-                        let ok = i.status == CaptureStatus::Active && i.id == capture;
+                        let (status, id) =
+                            backend.capture_state(s, &mut self.capture_scratch.other)?;
+                        let ok = status == CaptureStatus::Active && id == capture;
                         member.push((s, ok));
                         ok
                     }
                 };
-                if in_capture && self.range_visited(capture, p.stream, addr, addr + size) {
+                if in_capture && self.range_visited(backend, capture, p.stream, addr, addr + size) {
                     free_best = Some(id);
                     break;
                 }
@@ -588,7 +735,9 @@ impl<B: Backend> Inner<B> {
             (b.addr, b.addr + b.size)
         };
         if let Some(ctx) = self.reuse_contexts.get_mut(&capture) {
-            let idx = ctx.cross.snapshot(p.stream, &terminals);
+            let idx = ctx
+                .cross
+                .snapshot(p.stream, &self.capture_scratch.terminals);
             ctx.cross.log_range(lo, hi, p.stream, idx);
         }
         Ok(Some(id))
