@@ -101,6 +101,8 @@ struct State {
     event_failures: BTreeSet<u64>,
     free_calls: u64,
     free_failures: BTreeSet<u64>,
+    /// The stack of `walk_ancestors`, kept between walks.
+    walk_stack: Vec<MockNode>,
 }
 
 impl State {
@@ -134,6 +136,7 @@ impl State {
             event_failures: BTreeSet::new(),
             free_calls: 0,
             free_failures: BTreeSet::new(),
+            walk_stack: Vec::new(),
         }
     }
 
@@ -695,12 +698,27 @@ impl State {
     // ----- capture -------------------------------------------------------
 
     fn capture_info(&self, s: MockStream) -> Result<CaptureInfo<MockNode>, BackendError> {
-        let mut terminals = Vec::new();
-        let (status, id) = self.capture_state(s, &mut terminals)?;
-        Ok(CaptureInfo {
-            status,
-            id,
-            terminals,
+        let i = self.stream_idx("capture_info", s)?;
+        let st = &self.streams[i];
+        let Some(id) = st.capture else {
+            return Ok(CaptureInfo::none());
+        };
+        Ok(match self.captures.get(&id) {
+            Some(c) if c.status == CaptureStatus::Active => CaptureInfo {
+                status: CaptureStatus::Active,
+                id,
+                terminals: st
+                    .terminals
+                    .iter()
+                    .map(|&index| MockNode { capture: id, index })
+                    .collect(),
+            },
+            Some(_) => CaptureInfo {
+                status: CaptureStatus::Invalidated,
+                id,
+                terminals: Vec::new(),
+            },
+            None => CaptureInfo::none(),
         })
     }
 
@@ -736,7 +754,9 @@ impl State {
         from: &[MockNode],
         mut visit: F,
     ) -> Result<u64, BackendError> {
-        let mut stack: Vec<MockNode> = from.iter().copied().filter(|&n| visit(n)).collect();
+        let mut stack = std::mem::take(&mut self.walk_stack);
+        stack.clear();
+        stack.extend(from.iter().copied().filter(|&n| visit(n)));
         let mut deps: Vec<MockNode> = Vec::new();
         let mut expanded = 0;
         while let Some(n) = stack.pop() {
@@ -766,6 +786,7 @@ impl State {
                 }
             }
         }
+        self.walk_stack = stack;
         Ok(expanded)
     }
 

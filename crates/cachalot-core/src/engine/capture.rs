@@ -215,10 +215,24 @@ impl<S: Copy + Eq, N: Copy + Eq + std::hash::Hash> Reach<S, N> {
         };
         let num = &mut self.num;
         let bits = &mut self.streams[slot].1;
-        backend.walk_ancestors(terminals, |n| {
-            num.number(backend, capture, n)
-                .is_some_and(|i| bit_set(bits, i))
-        })?;
+        if num.backend == Some(true) && !num.broken {
+            // The backend numbers nodes (known from an earlier node).
+            let mut broken = false;
+            let r = backend.walk_ancestors(terminals, |n| match backend.node_index(capture, n) {
+                Some(i) if i < MAX_NODE_NUMBER => bit_set(bits, i),
+                _ => {
+                    broken = true;
+                    false
+                }
+            });
+            num.broken |= broken;
+            r?;
+        } else {
+            backend.walk_ancestors(terminals, |n| {
+                num.number(backend, capture, n)
+                    .is_some_and(|i| bit_set(bits, i))
+            })?;
+        }
         Ok(())
     }
 }
@@ -543,6 +557,24 @@ impl<B: Backend> Inner<B> {
         true
     }
 
+    /// Whether `stream` captures into capture `capture` (answers cached in
+    /// `member` for one search).
+    fn in_capture(
+        &mut self,
+        backend: &B,
+        capture: u64,
+        stream: B::Stream,
+        member: &mut Vec<(B::Stream, bool)>,
+    ) -> Result<bool, Error> {
+        if let Some(m) = member.iter().find(|m| m.0 == stream) {
+            return Ok(m.1);
+        }
+        let (status, id) = backend.capture_state(stream, &mut self.capture_scratch.other)?;
+        let ok = status == CaptureStatus::Active && id == capture;
+        member.push((stream, ok));
+        Ok(ok)
+    }
+
     /// The reclaim step at `malloc` during capture (spec 1.5): deferred blocks
     /// of the requesting stream whose markers are all visited are freed.
     pub(crate) fn reclaim_in_capture(
@@ -600,25 +632,34 @@ impl<B: Backend> Inner<B> {
                 );
             }
         }
+        // Free every reclaimable deferred block, in the order of a scan that
+        // swap-removes each (the element moved into a freed slot is looked
+        // at next). Freeing a block changes no other deferred block's
+        // eligibility.
         let mut i = 0;
-        while i < self.deferred.len() {
-            let d = &self.deferred[i];
-            let b = &self.blocks[d.block as usize];
-            if !d.markers.is_empty()
-                && b.stream == stream
-                && b.state == BState::Pending
-                && b.stream_uses.is_empty()
-                && b.event_count == 0
-                && self.markers_visited(backend, capture, stream, &d.markers)
-            {
-                let id = d.block;
-                self.deferred.swap_remove(i);
-                self.blocks[id as usize].capture_uses.clear();
-                let id = self.free_block(id);
-                self.note_capture_free(backend, id);
-            } else {
-                i += 1;
-            }
+        loop {
+            let Some(ctx) = self.reuse_contexts.get(&capture) else {
+                break;
+            };
+            let (deferred, blocks) = (&self.deferred, &self.blocks);
+            let found = (i..deferred.len()).find(|&j| {
+                let d = &deferred[j];
+                let b = &blocks[d.block as usize];
+                !d.markers.is_empty()
+                    && b.stream == stream
+                    && b.state == BState::Pending
+                    && b.stream_uses.is_empty()
+                    && b.event_count == 0
+                    && ctx
+                        .visited
+                        .all_visited(backend, capture, stream, &d.markers)
+            });
+            let Some(j) = found else { break };
+            i = j;
+            let id = self.deferred.swap_remove(i).block;
+            self.blocks[id as usize].capture_uses.clear();
+            let id = self.free_block(id);
+            self.note_capture_free(backend, id);
         }
         Ok(())
     }
@@ -679,35 +720,65 @@ impl<B: Backend> Inner<B> {
                 .any(|c| c.pool == ctx.pool && matches!(c.filter, PoolFilter::Streams(_)));
         let mut free_best: Option<BlockId> = None;
         if pool_ok {
+            // The candidates are the fitting free blocks of other streams in
+            // (size, address) order; the first whose stream captures here and
+            // whose logged frees are all visited wins. Fast path: the
+            // smallest fitting block of each stream, in that order; a
+            // stream outside the capture drops out whole, so the first
+            // block of the first stream inside it is the first candidate.
+            // Only when that one fails does the full ordered scan run.
             let pool = self.pools[p.pool as usize]
                 .as_ref()
                 .expect("live pool")
                 .get_ref(p.small);
-            let mut cands: Vec<(u64, u64, B::Stream, BlockId)> = pool
+            let mut firsts: Vec<(u64, u64, B::Stream, BlockId)> = pool
                 .free
-                .iter()
-                .filter(|&(s, size, _, _)| s != p.stream && fits(size))
-                .map(|(s, size, addr, id)| (size, addr, s, id))
+                .streams()
+                .filter(|&s| s != p.stream)
+                .filter_map(|s| {
+                    let (size, addr, id) = pool.free.first_at_least(s, p.size)?;
+                    fits(size).then_some((size, addr, s, id))
+                })
                 .collect();
-            cands.sort_unstable_by_key(|c| (c.0, c.1));
+            firsts.sort_unstable_by_key(|c| (c.0, c.1));
             let mut member: Vec<(B::Stream, bool)> = Vec::new();
-            for (size, addr, s, id) in cands {
+            let mut full_scan = false;
+            for (size, addr, s, id) in firsts {
                 if best.is_some_and(|bk| (bk.0, bk.1) <= (size, addr)) {
                     break;
                 }
-                let in_capture = match member.iter().find(|m| m.0 == s) {
-                    Some(m) => m.1,
-                    None => {
-                        let (status, id) =
-                            backend.capture_state(s, &mut self.capture_scratch.other)?;
-                        let ok = status == CaptureStatus::Active && id == capture;
-                        member.push((s, ok));
-                        ok
-                    }
-                };
-                if in_capture && self.range_visited(backend, capture, p.stream, addr, addr + size) {
+                if !self.in_capture(backend, capture, s, &mut member)? {
+                    continue;
+                }
+                if self.range_visited(backend, capture, p.stream, addr, addr + size) {
                     free_best = Some(id);
-                    break;
+                } else {
+                    full_scan = true;
+                }
+                break;
+            }
+            if full_scan {
+                let pool = self.pools[p.pool as usize]
+                    .as_ref()
+                    .expect("live pool")
+                    .get_ref(p.small);
+                let mut cands: Vec<(u64, u64, B::Stream, BlockId)> = pool
+                    .free
+                    .iter()
+                    .filter(|&(s, size, _, _)| s != p.stream && fits(size))
+                    .map(|(s, size, addr, id)| (size, addr, s, id))
+                    .collect();
+                cands.sort_unstable_by_key(|c| (c.0, c.1));
+                for (size, addr, s, id) in cands {
+                    if best.is_some_and(|bk| (bk.0, bk.1) <= (size, addr)) {
+                        break;
+                    }
+                    if self.in_capture(backend, capture, s, &mut member)?
+                        && self.range_visited(backend, capture, p.stream, addr, addr + size)
+                    {
+                        free_best = Some(id);
+                        break;
+                    }
                 }
             }
         }

@@ -603,6 +603,11 @@ impl<S: Copy + Ord> FreeSet<S> {
         })
     }
 
+    /// The streams with a set (possibly empty), in order.
+    pub fn streams(&self) -> impl Iterator<Item = S> + '_ {
+        self.streams.iter().map(|e| e.0)
+    }
+
     /// Number of free blocks.
     pub fn len(&self) -> usize {
         debug_assert_eq!(
