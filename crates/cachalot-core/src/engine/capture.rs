@@ -265,6 +265,8 @@ pub(crate) struct CrossLog<S, N> {
     pushes: FastMap<S, u64>,
     /// The reclaim step's last check, per stream.
     last: FastMap<S, LastCheck<N>>,
+    /// `log_range`'s buffer of range starts to remove.
+    inside: Vec<u64>,
 }
 
 impl<S, N> Default for CrossLog<S, N> {
@@ -276,6 +278,7 @@ impl<S, N> Default for CrossLog<S, N> {
             poisoned: false,
             pushes: FastMap::default(),
             last: FastMap::default(),
+            inside: Vec::new(),
         }
     }
 }
@@ -294,25 +297,44 @@ impl<S: Copy + Eq + std::hash::Hash, N: Copy + Eq> CrossLog<S, N> {
     }
 
     /// Logs `[lo, hi)` as freed by `stream` at snapshot `idx`, replacing what
-    /// was logged over those bytes.
+    /// was logged over those bytes. One backward walk over the ranges that
+    /// end after `lo` finds everything to change: a range straddling `lo` is
+    /// truncated in place, one starting at `lo` is overwritten in place, the
+    /// others starting inside are removed, and the part of any range past
+    /// `hi` is kept from `hi` on.
     fn log_range(&mut self, lo: u64, hi: u64, stream: S, idx: u32) {
-        if let Some((&s, &(e, st, ix))) = self.ranges.range(..lo).next_back()
-            && e > lo
-        {
-            self.ranges.insert(s, (lo, st, ix));
-            if e > hi {
-                self.ranges.insert(hi, (e, st, ix));
+        let mut right: Option<(u64, S, u32)> = None;
+        let mut at_lo = false;
+        let mut inside = std::mem::take(&mut self.inside);
+        inside.clear();
+        for (&k, v) in self.ranges.range_mut(..hi).rev() {
+            if v.0 <= lo {
+                break;
+            }
+            if v.0 > hi {
+                right = Some(*v);
+            }
+            if k < lo {
+                v.0 = lo;
+                break;
+            }
+            if k == lo {
+                *v = (hi, stream, idx);
+                at_lo = true;
+            } else {
+                inside.push(k);
             }
         }
-        let inside: Vec<u64> = self.ranges.range(lo..hi).map(|(&k, _)| k).collect();
-        for k in inside {
-            if let Some((e, st, ix)) = self.ranges.remove(&k)
-                && e > hi
-            {
-                self.ranges.insert(hi, (e, st, ix));
-            }
+        for &k in &inside {
+            self.ranges.remove(&k);
         }
-        self.ranges.insert(lo, (hi, stream, idx));
+        self.inside = inside;
+        if !at_lo {
+            self.ranges.insert(lo, (hi, stream, idx));
+        }
+        if let Some(r) = right {
+            self.ranges.insert(hi, r);
+        }
     }
 
     /// The (stream, snapshot) entries logged over `[lo, hi)`.
@@ -818,6 +840,55 @@ impl<B: Backend> Inner<B> {
 #[cfg(test)]
 mod tests {
     use super::CrossLog;
+
+    /// The straightforward interval overwrite `log_range` must match.
+    fn reference_log(
+        m: &mut std::collections::BTreeMap<u64, (u64, u32, u32)>,
+        lo: u64,
+        hi: u64,
+        v: (u32, u32),
+    ) {
+        if let Some((&s, &(e, st, ix))) = m.range(..lo).next_back()
+            && e > lo
+        {
+            m.insert(s, (lo, st, ix));
+            if e > hi {
+                m.insert(hi, (e, st, ix));
+            }
+        }
+        let inside: Vec<u64> = m.range(lo..hi).map(|(&k, _)| k).collect();
+        for k in inside {
+            if let Some((e, st, ix)) = m.remove(&k)
+                && e > hi
+            {
+                m.insert(hi, (e, st, ix));
+            }
+        }
+        m.insert(lo, (hi, v.0, v.1));
+    }
+
+    #[test]
+    fn log_range_matches_the_reference_overwrite() {
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for _ in 0..50 {
+            let mut l: CrossLog<u32, u32> = CrossLog::default();
+            let mut r = std::collections::BTreeMap::new();
+            for i in 0..400u32 {
+                let lo = next(200);
+                let hi = lo + 1 + next(40);
+                let st = next(4) as u32;
+                l.log_range(lo, hi, st, i);
+                reference_log(&mut r, lo, hi, (st, i));
+                assert_eq!(l.ranges, r);
+            }
+        }
+    }
 
     #[test]
     fn log_ranges_stay_disjoint_and_newest_wins() {
