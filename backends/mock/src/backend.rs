@@ -759,14 +759,26 @@ impl State {
         stack.extend(from.iter().copied().filter(|&n| visit(n)));
         let mut deps: Vec<MockNode> = Vec::new();
         let mut expanded = 0;
-        while let Some(n) = stack.pop() {
-            expanded += 1;
+        loop {
             // Nodes of a graph still being captured: no copy of their edges.
-            if let Some(g) = self
-                .captures
-                .get(&n.capture)
-                .and_then(|c| c.nodes.get(n.index as usize))
-            {
+            let captures = &self.captures;
+            let mut graph: Option<(u64, &[GraphNode])> = None;
+            while let Some(&n) = stack.last() {
+                let nodes = match graph {
+                    Some((id, g)) if id == n.capture => g,
+                    _ => match captures.get(&n.capture) {
+                        Some(c) => {
+                            graph = Some((n.capture, &c.nodes));
+                            &c.nodes
+                        }
+                        None => break,
+                    },
+                };
+                let Some(g) = nodes.get(n.index as usize) else {
+                    break;
+                };
+                stack.pop();
+                expanded += 1;
                 for &index in &g.deps {
                     let d = MockNode {
                         capture: n.capture,
@@ -776,10 +788,14 @@ impl State {
                         stack.push(d);
                     }
                 }
-                continue;
             }
+            let Some(n) = stack.pop() else { break };
+            expanded += 1;
             deps.clear();
-            self.extend_node_dependencies(n, &mut deps)?;
+            if let Err(e) = self.extend_node_dependencies(n, &mut deps) {
+                self.walk_stack = stack;
+                return Err(e);
+            }
             for &d in &deps {
                 if visit(d) {
                     stack.push(d);
