@@ -252,7 +252,9 @@ pub(crate) struct CrossLog<S, N> {
     /// Per stream, its terminal sets at free moments, oldest first (a
     /// stream's frontier only moves forward, so a later snapshot's ancestors
     /// include an earlier one's).
-    snaps: FastMap<S, Vec<Vec<N>>>,
+    snaps: FastMap<S, Vec<(u32, u32)>>,
+    /// The snapshots' nodes: `snaps` holds (start, length) ranges of it.
+    snap_nodes: Vec<N>,
     /// Disjoint freed ranges: start → (end, freeing stream, snapshot index).
     ranges: BTreeMap<u64, (u64, S, u32)>,
     /// (requesting stream, freeing stream) → number of the freeing stream's
@@ -273,6 +275,7 @@ impl<S, N> Default for CrossLog<S, N> {
     fn default() -> Self {
         Self {
             snaps: FastMap::default(),
+            snap_nodes: Vec::new(),
             ranges: BTreeMap::new(),
             known: FastMap::default(),
             poisoned: false,
@@ -287,13 +290,21 @@ impl<S: Copy + Eq + std::hash::Hash, N: Copy + Eq> CrossLog<S, N> {
     /// The index of `stream`'s snapshot equal to `terminals` (appended if new).
     fn snapshot(&mut self, stream: S, terminals: &[N]) -> u32 {
         let v = self.snaps.entry(stream).or_default();
-        let same = v
-            .last()
-            .is_some_and(|l| l.len() == terminals.len() && terminals.iter().all(|t| l.contains(t)));
+        let same = v.last().is_some_and(|&(at, len)| {
+            let l = &self.snap_nodes[at as usize..(at + len) as usize];
+            l.len() == terminals.len() && terminals.iter().all(|t| l.contains(t))
+        });
         if !same {
-            v.push(terminals.to_vec());
+            v.push((self.snap_nodes.len() as u32, terminals.len() as u32));
+            self.snap_nodes.extend_from_slice(terminals);
         }
         (v.len() - 1) as u32
+    }
+
+    /// The nodes of `stream`'s snapshot `ix`.
+    fn snap(&self, stream: S, ix: u32) -> Option<&[N]> {
+        let &(at, len) = self.snaps.get(&stream)?.get(ix as usize)?;
+        Some(&self.snap_nodes[at as usize..(at + len) as usize])
     }
 
     /// Logs `[lo, hi)` as freed by `stream` at snapshot `idx`, replacing what
@@ -354,7 +365,12 @@ impl<S: Copy + Eq + std::hash::Hash, N: Copy + Eq> CrossLog<S, N> {
 
 /// Buffers the capture paths reuse, so that no operation allocates for a
 /// backend query.
-pub(crate) struct CaptureScratch<N> {
+pub(crate) struct CaptureScratch<S, N> {
+    /// What the reclaim step of the current malloc learned of its stream:
+    /// (stream, capture, whether its visited set covers `terminals`). Reset
+    /// at every reclaim step; `cross_stream_reuse`, later in the same
+    /// malloc, uses it instead of asking the backend again.
+    current: Option<(S, u64, bool)>,
     /// Terminals of the stream a malloc runs on.
     terminals: Vec<N>,
     /// Terminals of any other stream queried (free markers, logged frees,
@@ -362,9 +378,10 @@ pub(crate) struct CaptureScratch<N> {
     other: Vec<N>,
 }
 
-impl<N> Default for CaptureScratch<N> {
+impl<S, N> Default for CaptureScratch<S, N> {
     fn default() -> Self {
         Self {
+            current: None,
             terminals: Vec::new(),
             other: Vec::new(),
         }
@@ -476,6 +493,17 @@ impl<B: Backend> Inner<B> {
     /// (the stream's current terminals are left in `capture_scratch`), or
     /// `None` when the stream is not capturing into a registered pool.
     fn extend_visited(&mut self, backend: &B, stream: B::Stream) -> Result<Option<u64>, Error> {
+        if let Some((s, capture, walked)) = self.capture_scratch.current.take()
+            && s == stream
+        {
+            // The reclaim step of this malloc asked already (and the
+            // context exists); walk unless it did.
+            if !walked && let Some(ctx) = self.reuse_contexts.get_mut(&capture) {
+                ctx.visited
+                    .visit(backend, capture, stream, &self.capture_scratch.terminals)?;
+            }
+            return Ok(Some(capture));
+        }
         let (status, capture) =
             backend.capture_state(stream, &mut self.capture_scratch.terminals)?;
         if status != CaptureStatus::Active || self.capture_scratch.terminals.is_empty() {
@@ -568,7 +596,7 @@ impl<B: Backend> Inner<B> {
             if ix < known {
                 continue;
             }
-            let Some(snap) = log.snaps.get(&s).and_then(|v| v.get(ix as usize)) else {
+            let Some(snap) = log.snap(s, ix) else {
                 return false;
             };
             if !visited.all_visited(backend, capture, stream, snap) {
@@ -604,6 +632,7 @@ impl<B: Backend> Inner<B> {
         backend: &B,
         stream: B::Stream,
     ) -> Result<(), Error> {
+        self.capture_scratch.current = None;
         if !self
             .deferred
             .iter()
@@ -622,8 +651,10 @@ impl<B: Backend> Inner<B> {
         if !self.ensure_context(backend, stream, capture)? {
             return Ok(());
         }
+        self.capture_scratch.current = Some((stream, capture, false));
         // Nothing new since the last check (same terminals, no block
-        // deferred since): nothing can have become reclaimable.
+        // deferred since): nothing can have become reclaimable (and the
+        // visited set covers these terminals).
         let terminals = &self.capture_scratch.terminals;
         let ctx = self
             .reuse_contexts
@@ -636,9 +667,11 @@ impl<B: Backend> Inner<B> {
             .get(&stream)
             .is_some_and(|l| l.pushes == pushes && l.terminals == *terminals)
         {
+            self.capture_scratch.current = Some((stream, capture, true));
             return Ok(());
         }
         ctx.visited.visit(backend, capture, stream, terminals)?;
+        self.capture_scratch.current = Some((stream, capture, true));
         match ctx.cross.last.get_mut(&stream) {
             Some(l) => {
                 l.terminals.clone_from(terminals);
@@ -681,7 +714,18 @@ impl<B: Backend> Inner<B> {
             let id = self.deferred.swap_remove(i).block;
             self.blocks[id as usize].capture_uses.clear();
             let id = self.free_block(id);
-            self.note_capture_free(backend, id);
+            // As `note_capture_free`, with the terminals just asked for.
+            if self.config.graph_capture_record_stream_reuse == CaptureReuse::CrossStream {
+                let b = &self.blocks[id as usize];
+                let (lo, hi) = (b.addr, b.addr + b.size);
+                let log = &mut self
+                    .reuse_contexts
+                    .get_mut(&capture)
+                    .expect("ensured above")
+                    .cross;
+                let idx = log.snapshot(stream, &self.capture_scratch.terminals);
+                log.log_range(lo, hi, stream, idx);
+            }
         }
         Ok(())
     }

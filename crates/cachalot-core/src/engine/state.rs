@@ -745,7 +745,7 @@ pub(crate) struct Inner<B: Backend> {
     pub deferred: Vec<Deferred<B::Node>>,
     pub reuse_contexts: crate::engine::capture::FastMap<u64, ReuseContext<B::Stream, B::Node>>,
     /// Buffers of the capture paths (`capture.rs`).
-    pub capture_scratch: crate::engine::capture::CaptureScratch<B::Node>,
+    pub capture_scratch: crate::engine::capture::CaptureScratch<B::Stream, B::Node>,
     pub total_memory: u64,
     pub memory_fraction: f64,
     pub allowed_max: Option<u64>,
