@@ -788,16 +788,16 @@ impl<B: Backend> Inner<B> {
         if pool_ok {
             // The candidates are the fitting free blocks of other streams in
             // (size, address) order; the first whose stream captures here and
-            // whose logged frees are all visited wins. Fast path: the
-            // smallest fitting block of each stream, in that order; a
-            // stream outside the capture drops out whole, so the first
-            // block of the first stream inside it is the first candidate.
-            // Only when that one fails does the full ordered scan run.
+            // whose logged frees are all visited wins. They are visited in
+            // that order by merging the streams: each stream's next block is
+            // its first fitting one once the blocks already looked at are
+            // held out of the free set (they go back before returning). A
+            // stream outside the capture drops out whole.
             let pool = self.pools[p.pool as usize]
                 .as_ref()
                 .expect("live pool")
                 .get_ref(p.small);
-            let mut firsts: Vec<(u64, u64, B::Stream, BlockId)> = pool
+            let mut heads: Vec<(u64, u64, B::Stream, BlockId)> = pool
                 .free
                 .streams()
                 .filter(|&s| s != p.stream)
@@ -806,47 +806,45 @@ impl<B: Backend> Inner<B> {
                     fits(size).then_some((size, addr, s, id))
                 })
                 .collect();
-            firsts.sort_unstable_by_key(|c| (c.0, c.1));
+            let mut held: Vec<(B::Stream, u64, u64, BlockId)> = Vec::new();
             let mut member: Vec<(B::Stream, bool)> = Vec::new();
-            let mut full_scan = false;
-            for (size, addr, s, id) in firsts {
+            let mut found = Ok(None);
+            while let Some(h) = (0..heads.len()).min_by_key(|&i| (heads[i].0, heads[i].1)) {
+                let (size, addr, s, id) = heads[h];
                 if best.is_some_and(|bk| (bk.0, bk.1) <= (size, addr)) {
                     break;
                 }
-                if !self.in_capture(backend, capture, s, &mut member)? {
-                    continue;
+                match self.in_capture(backend, capture, s, &mut member) {
+                    Err(e) => {
+                        found = Err(e);
+                        break;
+                    }
+                    Ok(false) => {
+                        heads.swap_remove(h);
+                        continue;
+                    }
+                    Ok(true) => {}
                 }
                 if self.range_visited(backend, capture, p.stream, addr, addr + size) {
-                    free_best = Some(id);
-                } else {
-                    full_scan = true;
+                    found = Ok(Some(id));
+                    break;
                 }
-                break;
-            }
-            if full_scan {
-                let pool = self.pools[p.pool as usize]
-                    .as_ref()
-                    .expect("live pool")
-                    .get_ref(p.small);
-                let mut cands: Vec<(u64, u64, B::Stream, BlockId)> = pool
-                    .free
-                    .iter()
-                    .filter(|&(s, size, _, _)| s != p.stream && fits(size))
-                    .map(|(s, size, addr, id)| (size, addr, s, id))
-                    .collect();
-                cands.sort_unstable_by_key(|c| (c.0, c.1));
-                for (size, addr, s, id) in cands {
-                    if best.is_some_and(|bk| (bk.0, bk.1) <= (size, addr)) {
-                        break;
-                    }
-                    if self.in_capture(backend, capture, s, &mut member)?
-                        && self.range_visited(backend, capture, p.stream, addr, addr + size)
-                    {
-                        free_best = Some(id);
-                        break;
+                let free = &mut self.pool_mut(p.pool).get(p.small).free;
+                let removed = free.remove(s, size, addr);
+                debug_assert_eq!(removed, Some(id));
+                held.push((s, size, addr, id));
+                match free.first_at_least(s, size) {
+                    Some((size, addr, id)) if fits(size) => heads[h] = (size, addr, s, id),
+                    _ => {
+                        heads.swap_remove(h);
                     }
                 }
             }
+            let free = &mut self.pool_mut(p.pool).get(p.small).free;
+            for (s, size, addr, id) in held {
+                free.insert(s, size, addr, id);
+            }
+            free_best = found?;
         }
         let id = if let Some(id) = free_best {
             self.remove_free(id);
