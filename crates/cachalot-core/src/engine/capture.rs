@@ -301,12 +301,6 @@ impl<S: Copy + Eq + std::hash::Hash, N: Copy + Eq> CrossLog<S, N> {
         (v.len() - 1) as u32
     }
 
-    /// The nodes of `stream`'s snapshot `ix`.
-    fn snap(&self, stream: S, ix: u32) -> Option<&[N]> {
-        let &(at, len) = self.snaps.get(&stream)?.get(ix as usize)?;
-        Some(&self.snap_nodes[at as usize..(at + len) as usize])
-    }
-
     /// Logs `[lo, hi)` as freed by `stream` at snapshot `idx`, replacing what
     /// was logged over those bytes. One backward walk over the ranges that
     /// end after `lo` finds everything to change: a range straddling `lo` is
@@ -349,6 +343,7 @@ impl<S: Copy + Eq + std::hash::Hash, N: Copy + Eq> CrossLog<S, N> {
     }
 
     /// The (stream, snapshot) entries logged over `[lo, hi)`.
+    #[cfg(test)]
     fn entries(&self, lo: u64, hi: u64) -> Vec<(S, u32)> {
         let mut v = Vec::new();
         if let Some((_, &(e, st, ix))) = self.ranges.range(..lo).next_back()
@@ -591,14 +586,20 @@ impl<B: Backend> Inner<B> {
         };
         let visited = &ctx.visited;
         let log = &mut ctx.cross;
-        for (s, ix) in log.entries(lo, hi) {
+        // The ranges over `[lo, hi)`: those starting below `hi` and ending
+        // after `lo`, walked down from `hi`.
+        for (_, &(end, s, ix)) in log.ranges.range(..hi).rev() {
+            if end <= lo {
+                break;
+            }
             let known = log.known.get(&(stream, s)).copied().unwrap_or(0);
             if ix < known {
                 continue;
             }
-            let Some(snap) = log.snap(s, ix) else {
+            let Some(&(at, len)) = log.snaps.get(&s).and_then(|v| v.get(ix as usize)) else {
                 return false;
             };
+            let snap = &log.snap_nodes[at as usize..(at + len) as usize];
             if !visited.all_visited(backend, capture, stream, snap) {
                 return false;
             }
