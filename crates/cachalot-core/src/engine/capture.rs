@@ -366,6 +366,12 @@ pub(crate) struct CaptureScratch<S, N> {
     /// at every reclaim step; `cross_stream_reuse`, later in the same
     /// malloc, uses it instead of asking the backend again.
     current: Option<(S, u64, bool)>,
+    /// The cross-stream search's buffers: each stream's next candidate
+    /// (size, address, stream, block), the blocks held out of the free set,
+    /// and which streams capture here.
+    heads: Vec<(u64, u64, S, BlockId)>,
+    held: Vec<(S, u64, u64, BlockId)>,
+    member: Vec<(S, bool)>,
     /// Terminals of the stream a malloc runs on.
     terminals: Vec<N>,
     /// Terminals of any other stream queried (free markers, logged frees,
@@ -377,6 +383,9 @@ impl<S, N> Default for CaptureScratch<S, N> {
     fn default() -> Self {
         Self {
             current: None,
+            heads: Vec::new(),
+            held: Vec::new(),
+            member: Vec::new(),
             terminals: Vec::new(),
             other: Vec::new(),
         }
@@ -798,17 +807,21 @@ impl<B: Backend> Inner<B> {
                 .as_ref()
                 .expect("live pool")
                 .get_ref(p.small);
-            let mut heads: Vec<(u64, u64, B::Stream, BlockId)> = pool
-                .free
-                .streams()
-                .filter(|&s| s != p.stream)
-                .filter_map(|s| {
-                    let (size, addr, id) = pool.free.first_at_least(s, p.size)?;
-                    fits(size).then_some((size, addr, s, id))
-                })
-                .collect();
-            let mut held: Vec<(B::Stream, u64, u64, BlockId)> = Vec::new();
-            let mut member: Vec<(B::Stream, bool)> = Vec::new();
+            let mut heads = std::mem::take(&mut self.capture_scratch.heads);
+            let mut held = std::mem::take(&mut self.capture_scratch.held);
+            let mut member = std::mem::take(&mut self.capture_scratch.member);
+            heads.clear();
+            held.clear();
+            member.clear();
+            heads.extend(
+                pool.free
+                    .streams()
+                    .filter(|&s| s != p.stream)
+                    .filter_map(|s| {
+                        let (size, addr, id) = pool.free.first_at_least(s, p.size)?;
+                        fits(size).then_some((size, addr, s, id))
+                    }),
+            );
             let mut found = Ok(None);
             while let Some(h) = (0..heads.len()).min_by_key(|&i| (heads[i].0, heads[i].1)) {
                 let (size, addr, s, id) = heads[h];
@@ -842,9 +855,12 @@ impl<B: Backend> Inner<B> {
                 }
             }
             let free = &mut self.pool_mut(p.pool).get(p.small).free;
-            for (s, size, addr, id) in held {
+            for &(s, size, addr, id) in &held {
                 free.insert(s, size, addr, id);
             }
+            self.capture_scratch.heads = heads;
+            self.capture_scratch.held = held;
+            self.capture_scratch.member = member;
             free_best = found?;
         }
         let id = if let Some(id) = free_best {
