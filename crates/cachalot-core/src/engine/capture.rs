@@ -702,10 +702,7 @@ impl<B: Backend> Inner<B> {
         // at next). Freeing a block changes no other deferred block's
         // eligibility.
         let mut i = 0;
-        loop {
-            let Some(ctx) = self.reuse_contexts.get(&capture) else {
-                break;
-            };
+        while let Some(ctx) = self.reuse_contexts.get(&capture) {
             let (deferred, blocks) = (&self.deferred, &self.blocks);
             let found = (i..deferred.len()).find(|&j| {
                 let d = &deferred[j];
