@@ -671,16 +671,16 @@ impl<B: Backend> Inner<B> {
             .get_mut(&capture)
             .expect("ensured above");
         let pushes = ctx.cross.pushes.get(&stream).copied().unwrap_or(0);
-        if ctx
-            .cross
-            .last
-            .get(&stream)
-            .is_some_and(|l| l.pushes == pushes && l.terminals == *terminals)
-        {
+        let last = ctx.cross.last.get_mut(&stream);
+        let same = last.as_ref().is_some_and(|l| l.terminals == *terminals);
+        if same && last.as_ref().is_some_and(|l| l.pushes == pushes) {
             self.capture_scratch.current = Some((stream, capture, true));
             return Ok(());
         }
-        ctx.visited.visit(backend, capture, stream, terminals)?;
+        // Same terminals as at the last check: the visited set covers them.
+        if !same {
+            ctx.visited.visit(backend, capture, stream, terminals)?;
+        }
         self.capture_scratch.current = Some((stream, capture, true));
         match ctx.cross.last.get_mut(&stream) {
             Some(l) => {
