@@ -103,6 +103,8 @@ struct State {
     free_failures: BTreeSet<u64>,
     /// The stack of `walk_ancestors`, kept between walks.
     walk_stack: Vec<MockNode>,
+    /// The stack of `mark_ancestors`, kept between walks.
+    mark_stack: Vec<u32>,
 }
 
 impl State {
@@ -137,6 +139,7 @@ impl State {
             free_calls: 0,
             free_failures: BTreeSet::new(),
             walk_stack: Vec::new(),
+            mark_stack: Vec::new(),
         }
     }
 
@@ -804,6 +807,55 @@ impl State {
         }
         self.walk_stack = stack;
         Ok(expanded)
+    }
+
+    /// The walk of `Backend::mark_ancestors` over the graph of capture
+    /// `capture` while it is being captured (node numbers are indices);
+    /// `None` when `from` holds a node of another graph or out of range.
+    /// Returns the number of nodes expanded.
+    fn mark_ancestors(
+        &mut self,
+        capture: u64,
+        from: &[MockNode],
+        bits: &mut Vec<u64>,
+    ) -> Option<u64> {
+        let nodes = &self.captures.get(&capture)?.nodes;
+        if from
+            .iter()
+            .any(|n| n.capture != capture || n.index as usize >= nodes.len())
+        {
+            return None;
+        }
+        // Every index is below the node count: size the bitset once.
+        let words = nodes.len().div_ceil(64);
+        if bits.len() < words {
+            bits.resize(words, 0);
+        }
+        let bits = &mut bits[..words];
+        #[inline]
+        fn mark(bits: &mut [u64], i: u32) -> bool {
+            let (w, m) = ((i / 64) as usize, 1u64 << (i % 64));
+            let old = bits[w];
+            bits[w] = old | m;
+            old & m == 0
+        }
+        let stack = &mut self.mark_stack;
+        stack.clear();
+        for n in from {
+            if mark(bits, n.index) {
+                stack.push(n.index);
+            }
+        }
+        let mut expanded = 0;
+        while let Some(i) = stack.pop() {
+            expanded += 1;
+            for &d in &nodes[i as usize].deps {
+                if mark(bits, d) {
+                    stack.push(d);
+                }
+            }
+        }
+        Some(expanded)
     }
 
     fn node_dependencies(&mut self, node: MockNode) -> Result<Vec<MockNode>, BackendError> {
@@ -1667,6 +1719,22 @@ impl Backend for MockBackend {
             let expanded = st.walk_ancestors(from, visit)?;
             st.counters.node_dependencies += expanded;
             Ok(())
+        })
+    }
+
+    fn mark_ancestors(
+        &self,
+        capture: u64,
+        from: &[MockNode],
+        visited: &mut Vec<u64>,
+    ) -> Result<bool, BackendError> {
+        let mut st = self.inner.lock();
+        Ok(match st.mark_ancestors(capture, from, visited) {
+            Some(expanded) => {
+                st.counters.node_dependencies += expanded;
+                true
+            }
+            None => false,
         })
     }
 

@@ -202,6 +202,23 @@ pub trait Backend: Send + Sync + 'static {
         }
         Ok(())
     }
+    /// Marks in `visited`, a bitset over the [`Backend::node_index`] numbers
+    /// of capture `capture` (bit `i % 64` of word `i / 64`, grown as
+    /// needed), the ancestors-or-self of `from`: a node is marked, and its
+    /// dependencies looked at, only if it was not marked already. Returns
+    /// false, having marked nothing, when the backend has no such walk for
+    /// these nodes; the engine then walks with
+    /// [`Backend::walk_ancestors`]. Backends that number nodes override it
+    /// to walk their graph without a callback per node.
+    fn mark_ancestors(
+        &self,
+        capture: u64,
+        from: &[Self::Node],
+        visited: &mut Vec<u64>,
+    ) -> Result<bool, BackendError> {
+        let _ = (capture, from, visited);
+        Ok(false)
+    }
     /// The direct dependencies (parents) of a graph node.
     fn node_dependencies(&self, node: Self::Node) -> Result<Vec<Self::Node>, BackendError> {
         let _ = node;

@@ -213,8 +213,20 @@ impl<S: Copy + Eq, N: Copy + Eq + std::hash::Hash> Reach<S, N> {
                 self.streams.len() - 1
             }
         };
+        if self.num.backend.is_none()
+            && let Some(&t) = terminals.first()
+        {
+            // The first node tells whether the backend numbers nodes.
+            self.num.number(backend, capture, t);
+        }
         let num = &mut self.num;
         let bits = &mut self.streams[slot].1;
+        if num.backend == Some(true)
+            && !num.broken
+            && backend.mark_ancestors(capture, terminals, bits)?
+        {
+            return Ok(());
+        }
         if num.backend == Some(true) && !num.broken {
             // The backend numbers nodes (known from an earlier node).
             let mut broken = false;
