@@ -199,6 +199,9 @@ impl<S: Copy + Eq, N: Copy + Eq + std::hash::Hash> Reach<S, N> {
 
     /// Adds the ancestors-or-self of `terminals` to `stream`'s visited set
     /// (incremental reverse walk: a visited node is never expanded again).
+    /// With the backend's numbers the backend marks the bitset itself
+    /// ([`Backend::mark_ancestors`]) when it can; otherwise the walk goes
+    /// through [`Backend::walk_ancestors`], one callback per node met.
     fn visit<B: Backend<Node = N>>(
         &mut self,
         backend: &B,
