@@ -252,12 +252,21 @@ impl<S: Copy + Eq, N: Copy + Eq + std::hash::Hash> Reach<S, N> {
     }
 }
 
-/// Per-stream state of the reclaim step: the terminals and the number of
-/// deferred blocks pushed at the last check (nothing changed = nothing new
-/// to reclaim).
-struct LastCheck<N> {
-    terminals: Vec<N>,
+/// Per-stream state of the reclaim step: deferred blocks with markers
+/// pushed so far, and the terminals and that count at the last check
+/// (nothing changed = nothing new to reclaim).
+struct StreamCheck<N> {
     pushes: u64,
+    checked: Option<(Vec<N>, u64)>,
+}
+
+impl<N> Default for StreamCheck<N> {
+    fn default() -> Self {
+        Self {
+            pushes: 0,
+            checked: None,
+        }
+    }
 }
 
 /// `cross_stream` bookkeeping of one capture: terminal snapshots of the
@@ -278,10 +287,8 @@ pub(crate) struct CrossLog<S, N> {
     /// A free could not be logged: no free block moves across streams in
     /// this capture any more.
     poisoned: bool,
-    /// Deferred blocks with markers pushed, per allocation stream.
-    pushes: FastMap<S, u64>,
-    /// The reclaim step's last check, per stream.
-    last: FastMap<S, LastCheck<N>>,
+    /// The reclaim step's state, per allocation stream.
+    checks: FastMap<S, StreamCheck<N>>,
     /// `log_range`'s buffer of range starts to remove.
     inside: Vec<u64>,
 }
@@ -294,8 +301,7 @@ impl<S, N> Default for CrossLog<S, N> {
             ranges: BTreeMap::new(),
             known: FastMap::default(),
             poisoned: false,
-            pushes: FastMap::default(),
-            last: FastMap::default(),
+            checks: FastMap::default(),
             inside: Vec::new(),
         }
     }
@@ -455,7 +461,7 @@ impl<B: Backend> Inner<B> {
             && self.ensure_context(backend, stream, c)?
             && let Some(ctx) = self.reuse_contexts.get_mut(&c)
         {
-            *ctx.cross.pushes.entry(stream).or_default() += 1;
+            ctx.cross.checks.entry(stream).or_default().pushes += 1;
         }
         Ok(markers)
     }
@@ -685,10 +691,10 @@ impl<B: Backend> Inner<B> {
             .reuse_contexts
             .get_mut(&capture)
             .expect("ensured above");
-        let pushes = ctx.cross.pushes.get(&stream).copied().unwrap_or(0);
-        let last = ctx.cross.last.get_mut(&stream);
-        let same = last.as_ref().is_some_and(|l| l.terminals == *terminals);
-        if same && last.as_ref().is_some_and(|l| l.pushes == pushes) {
+        let check = ctx.cross.checks.entry(stream).or_default();
+        let pushes = check.pushes;
+        let same = check.checked.as_ref().is_some_and(|(t, _)| t == terminals);
+        if same && check.checked.as_ref().is_some_and(|&(_, p)| p == pushes) {
             self.capture_scratch.current = Some((stream, capture, true));
             return Ok(());
         }
@@ -697,20 +703,12 @@ impl<B: Backend> Inner<B> {
             ctx.visited.visit(backend, capture, stream, terminals)?;
         }
         self.capture_scratch.current = Some((stream, capture, true));
-        match ctx.cross.last.get_mut(&stream) {
-            Some(l) => {
-                l.terminals.clone_from(terminals);
-                l.pushes = pushes;
+        match &mut check.checked {
+            Some((t, p)) => {
+                t.clone_from(terminals);
+                *p = pushes;
             }
-            None => {
-                ctx.cross.last.insert(
-                    stream,
-                    LastCheck {
-                        terminals: terminals.clone(),
-                        pushes,
-                    },
-                );
-            }
+            None => check.checked = Some((terminals.clone(), pushes)),
         }
         // Free every reclaimable deferred block, in the order of a scan that
         // swap-removes each (the element moved into a freed slot is looked
