@@ -101,6 +101,10 @@ struct State {
     event_failures: BTreeSet<u64>,
     free_calls: u64,
     free_failures: BTreeSet<u64>,
+    /// The stack of `walk_ancestors`, kept between walks.
+    walk_stack: Vec<MockNode>,
+    /// The stack of `mark_ancestors`, kept between walks.
+    mark_stack: Vec<u32>,
 }
 
 impl State {
@@ -134,6 +138,8 @@ impl State {
             event_failures: BTreeSet::new(),
             free_calls: 0,
             free_failures: BTreeSet::new(),
+            walk_stack: Vec::new(),
+            mark_stack: Vec::new(),
         }
     }
 
@@ -717,6 +723,139 @@ impl State {
             },
             None => CaptureInfo::none(),
         })
+    }
+
+    fn capture_state(
+        &self,
+        s: MockStream,
+        terminals: &mut Vec<MockNode>,
+    ) -> Result<(CaptureStatus, u64), BackendError> {
+        let i = self.stream_idx("capture_info", s)?;
+        let st = &self.streams[i];
+        terminals.clear();
+        let Some(id) = st.capture else {
+            return Ok((CaptureStatus::None, 0));
+        };
+        Ok(match self.captures.get(&id) {
+            Some(c) if c.status == CaptureStatus::Active => {
+                terminals.extend(
+                    st.terminals
+                        .iter()
+                        .map(|&index| MockNode { capture: id, index }),
+                );
+                (CaptureStatus::Active, id)
+            }
+            Some(_) => (CaptureStatus::Invalidated, id),
+            None => (CaptureStatus::None, 0),
+        })
+    }
+
+    /// The reverse walk of `Backend::walk_ancestors`; returns the number of
+    /// nodes expanded (each counts as a `node_dependencies` call).
+    fn walk_ancestors<F: FnMut(MockNode) -> bool>(
+        &mut self,
+        from: &[MockNode],
+        mut visit: F,
+    ) -> Result<u64, BackendError> {
+        let mut stack = std::mem::take(&mut self.walk_stack);
+        stack.clear();
+        stack.extend(from.iter().copied().filter(|&n| visit(n)));
+        let mut deps: Vec<MockNode> = Vec::new();
+        let mut expanded = 0;
+        loop {
+            // Nodes of a graph still being captured: no copy of their edges.
+            let captures = &self.captures;
+            let mut graph: Option<(u64, &[GraphNode])> = None;
+            while let Some(&n) = stack.last() {
+                let nodes = match graph {
+                    Some((id, g)) if id == n.capture => g,
+                    _ => match captures.get(&n.capture) {
+                        Some(c) => {
+                            graph = Some((n.capture, &c.nodes));
+                            &c.nodes
+                        }
+                        None => break,
+                    },
+                };
+                let Some(g) = nodes.get(n.index as usize) else {
+                    break;
+                };
+                stack.pop();
+                expanded += 1;
+                for &index in &g.deps {
+                    let d = MockNode {
+                        capture: n.capture,
+                        index,
+                    };
+                    if visit(d) {
+                        stack.push(d);
+                    }
+                }
+            }
+            let Some(n) = stack.pop() else { break };
+            expanded += 1;
+            deps.clear();
+            if let Err(e) = self.extend_node_dependencies(n, &mut deps) {
+                self.walk_stack = stack;
+                return Err(e);
+            }
+            for &d in &deps {
+                if visit(d) {
+                    stack.push(d);
+                }
+            }
+        }
+        self.walk_stack = stack;
+        Ok(expanded)
+    }
+
+    /// The walk of `Backend::mark_ancestors` over the graph of capture
+    /// `capture` while it is being captured (node numbers are indices);
+    /// `None` when `from` holds a node of another graph or out of range.
+    /// Returns the number of nodes expanded.
+    fn mark_ancestors(
+        &mut self,
+        capture: u64,
+        from: &[MockNode],
+        bits: &mut Vec<u64>,
+    ) -> Option<u64> {
+        let nodes = &self.captures.get(&capture)?.nodes;
+        if from
+            .iter()
+            .any(|n| n.capture != capture || n.index as usize >= nodes.len())
+        {
+            return None;
+        }
+        // Every index is below the node count: size the bitset once.
+        let words = nodes.len().div_ceil(64);
+        if bits.len() < words {
+            bits.resize(words, 0);
+        }
+        let bits = &mut bits[..words];
+        #[inline]
+        fn mark(bits: &mut [u64], i: u32) -> bool {
+            let (w, m) = ((i / 64) as usize, 1u64 << (i % 64));
+            let old = bits[w];
+            bits[w] = old | m;
+            old & m == 0
+        }
+        let stack = &mut self.mark_stack;
+        stack.clear();
+        for n in from {
+            if mark(bits, n.index) {
+                stack.push(n.index);
+            }
+        }
+        let mut expanded = 0;
+        while let Some(i) = stack.pop() {
+            expanded += 1;
+            for &d in &nodes[i as usize].deps {
+                if mark(bits, d) {
+                    stack.push(d);
+                }
+            }
+        }
+        Some(expanded)
     }
 
     fn node_dependencies(&mut self, node: MockNode) -> Result<Vec<MockNode>, BackendError> {
@@ -1553,6 +1692,49 @@ impl Backend for MockBackend {
         self.with(|st| {
             st.counters.capture_info += 1;
             st.capture_info(stream)
+        })
+    }
+
+    fn capture_state(
+        &self,
+        stream: MockStream,
+        terminals: &mut Vec<MockNode>,
+    ) -> Result<(CaptureStatus, u64), BackendError> {
+        self.with(|st| {
+            st.counters.capture_info += 1;
+            st.capture_state(stream, terminals)
+        })
+    }
+
+    fn node_index(&self, capture: u64, node: MockNode) -> Option<u32> {
+        (node.capture == capture).then_some(node.index)
+    }
+
+    fn walk_ancestors<F: FnMut(MockNode) -> bool>(
+        &self,
+        from: &[MockNode],
+        visit: F,
+    ) -> Result<(), BackendError> {
+        self.with(|st| {
+            let expanded = st.walk_ancestors(from, visit)?;
+            st.counters.node_dependencies += expanded;
+            Ok(())
+        })
+    }
+
+    fn mark_ancestors(
+        &self,
+        capture: u64,
+        from: &[MockNode],
+        visited: &mut Vec<u64>,
+    ) -> Result<bool, BackendError> {
+        let mut st = self.inner.lock();
+        Ok(match st.mark_ancestors(capture, from, visited) {
+            Some(expanded) => {
+                st.counters.node_dependencies += expanded;
+                true
+            }
+            None => false,
         })
     }
 

@@ -154,6 +154,71 @@ pub trait Backend: Send + Sync + 'static {
         let _ = stream;
         Ok(CaptureInfo::none())
     }
+    /// Capture status and id of `stream`, its terminal node set written into
+    /// `terminals` (cleared first; left empty when not capturing): the answer
+    /// of [`Backend::capture_info`] without allocating. The engine's capture
+    /// paths call this; backends override it to fill the buffer in place.
+    fn capture_state(
+        &self,
+        stream: Self::Stream,
+        terminals: &mut Vec<Self::Node>,
+    ) -> Result<(CaptureStatus, u64), BackendError> {
+        let info = self.capture_info(stream)?;
+        terminals.clear();
+        terminals.extend(info.terminals);
+        Ok((info.status, info.id))
+    }
+    /// A small dense number of `node` within the graph of capture `capture`
+    /// (its creation index, say), or `None` when the backend has none; the
+    /// engine then numbers nodes itself. A backend numbers either every node
+    /// of a capture's graph or none. Must be cheap and must not block: the
+    /// engine calls it from inside [`Backend::walk_ancestors`]'s callback.
+    fn node_index(&self, capture: u64, node: Self::Node) -> Option<u32> {
+        let _ = (capture, node);
+        None
+    }
+    /// Reverse walk of a capture graph: calls `visit` on every node of
+    /// `from`, then on every direct dependency of each node for which `visit`
+    /// returned true (a node to expand), until none is left. `visit` may call
+    /// [`Backend::node_index`] and no other method (a backend may hold a lock
+    /// during the walk). The default expands nodes one at a time with
+    /// [`Backend::extend_node_dependencies`]; backends override it to walk
+    /// their graph in one call.
+    fn walk_ancestors<F: FnMut(Self::Node) -> bool>(
+        &self,
+        from: &[Self::Node],
+        mut visit: F,
+    ) -> Result<(), BackendError> {
+        let mut stack: Vec<Self::Node> = from.iter().copied().filter(|&n| visit(n)).collect();
+        let mut deps: Vec<Self::Node> = Vec::new();
+        while let Some(n) = stack.pop() {
+            deps.clear();
+            self.extend_node_dependencies(n, &mut deps)?;
+            for &d in &deps {
+                if visit(d) {
+                    stack.push(d);
+                }
+            }
+        }
+        Ok(())
+    }
+    /// Marks in `visited`, a bitset over the [`Backend::node_index`] numbers
+    /// of capture `capture` (bit `i % 64` of word `i / 64`, grown as
+    /// needed), the ancestors-or-self of `from`: a node is marked, and its
+    /// dependencies looked at, only if it was not marked already. Returns
+    /// false, having marked nothing, when the backend has no such walk for
+    /// these nodes; the engine then walks with
+    /// [`Backend::walk_ancestors`]. Backends that number nodes override it
+    /// to walk their graph without a callback per node.
+    fn mark_ancestors(
+        &self,
+        capture: u64,
+        from: &[Self::Node],
+        visited: &mut Vec<u64>,
+    ) -> Result<bool, BackendError> {
+        let _ = (capture, from, visited);
+        Ok(false)
+    }
     /// The direct dependencies (parents) of a graph node.
     fn node_dependencies(&self, node: Self::Node) -> Result<Vec<Self::Node>, BackendError> {
         let _ = node;

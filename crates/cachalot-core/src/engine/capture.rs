@@ -27,7 +27,7 @@
 //! Every capture-time check queries only the capture graph (terminal sets and
 //! node dependencies), never an event.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::backend::{Backend, CaptureStatus};
@@ -71,21 +71,202 @@ impl Hasher for NodeHasher {
     }
 }
 
-/// A capture id and a stream's current terminal nodes.
-type CaptureFrontier<N> = (u64, Vec<N>);
-
-/// A set of graph nodes (a stream's visited set).
-pub(crate) type NodeSet<N> = HashSet<N, BuildHasherDefault<NodeHasher>>;
-
 /// A map keyed by streams, capture ids or nodes, with the fast hasher.
 pub(crate) type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<NodeHasher>>;
 
-/// Per-stream state of the reclaim step: the terminals and the number of
-/// deferred blocks pushed at the last check (nothing changed = nothing new
-/// to reclaim).
-struct LastCheck<N> {
-    terminals: Vec<N>,
+/// Largest node number a visited bitset grows to (2^26 nodes, 8 MiB): a
+/// larger number from the backend is treated as unnumbered.
+const MAX_NODE_NUMBER: u32 = 1 << 26;
+
+/// Sets bit `i`; true when it was clear.
+#[inline]
+fn bit_set(bits: &mut Vec<u64>, i: u32) -> bool {
+    let (w, m) = ((i / 64) as usize, 1u64 << (i % 64));
+    if w >= bits.len() {
+        bits.resize(w + 1, 0);
+    }
+    let new = bits[w] & m == 0;
+    bits[w] |= m;
+    new
+}
+
+/// Whether bit `i` is set.
+#[inline]
+fn bit_test(bits: &[u64], i: u32) -> bool {
+    bits.get((i / 64) as usize)
+        .is_some_and(|w| w & (1u64 << (i % 64)) != 0)
+}
+
+/// Dense numbers of the nodes of one capture's graph: the backend's
+/// ([`Backend::node_index`]) when it has them, else the engine's own.
+struct Numbering<N> {
+    /// `Some(true)`: the backend numbers nodes; `Some(false)`: the engine
+    /// does; `None`: no node seen yet.
+    backend: Option<bool>,
+    /// The engine's numbers (backends without `node_index`).
+    interned: FastMap<N, u32>,
+    /// The backend numbered some nodes and not others: no visited set is
+    /// trusted any more (every check answers "not visited").
+    broken: bool,
+}
+
+impl<N: Copy + Eq + std::hash::Hash> Numbering<N> {
+    /// The number of `node`, numbering it if new; `None` when it cannot be
+    /// numbered (then it is never counted as visited).
+    #[inline]
+    fn number<B: Backend<Node = N>>(&mut self, backend: &B, capture: u64, node: N) -> Option<u32> {
+        match (backend.node_index(capture, node), self.backend) {
+            (Some(i), None | Some(true)) if i < MAX_NODE_NUMBER => {
+                self.backend = Some(true);
+                Some(i)
+            }
+            (None, None | Some(false)) => {
+                self.backend = Some(false);
+                let next = self.interned.len() as u32;
+                Some(*self.interned.entry(node).or_insert(next))
+            }
+            _ => {
+                self.broken = true;
+                None
+            }
+        }
+    }
+
+    /// The number of `node` if it has one.
+    #[inline]
+    fn find<B: Backend<Node = N>>(&self, backend: &B, capture: u64, node: N) -> Option<u32> {
+        if self.broken {
+            return None;
+        }
+        match self.backend {
+            Some(true) => backend
+                .node_index(capture, node)
+                .filter(|&i| i < MAX_NODE_NUMBER),
+            Some(false) => self.interned.get(&node).copied(),
+            None => None,
+        }
+    }
+}
+
+/// The visited sets of one capture: for each stream, the graph nodes known
+/// to precede its future work (ancestors-or-self of every terminal it has
+/// had when walked), as bitsets over a dense numbering of the nodes.
+pub(crate) struct Reach<S, N> {
+    num: Numbering<N>,
+    streams: Vec<(S, Vec<u64>)>,
+}
+
+impl<S, N> Default for Reach<S, N> {
+    fn default() -> Self {
+        Self {
+            num: Numbering {
+                backend: None,
+                interned: FastMap::default(),
+                broken: false,
+            },
+            streams: Vec::new(),
+        }
+    }
+}
+
+impl<S: Copy + Eq, N: Copy + Eq + std::hash::Hash> Reach<S, N> {
+    /// The visited bitset of `stream`, if it has one.
+    #[inline]
+    fn bits(&self, stream: S) -> Option<&[u64]> {
+        self.streams
+            .iter()
+            .find(|(s, _)| *s == stream)
+            .map(|(_, b)| b.as_slice())
+    }
+
+    /// Whether every node of `nodes` is in `stream`'s visited set.
+    fn all_visited<B: Backend<Node = N>>(
+        &self,
+        backend: &B,
+        capture: u64,
+        stream: S,
+        nodes: &[N],
+    ) -> bool {
+        let Some(bits) = self.bits(stream) else {
+            return false;
+        };
+        nodes.iter().all(|&n| {
+            self.num
+                .find(backend, capture, n)
+                .is_some_and(|i| bit_test(bits, i))
+        })
+    }
+
+    /// Adds the ancestors-or-self of `terminals` to `stream`'s visited set
+    /// (incremental reverse walk: a visited node is never expanded again).
+    /// With the backend's numbers the backend marks the bitset itself
+    /// ([`Backend::mark_ancestors`]) when it can; otherwise the walk goes
+    /// through [`Backend::walk_ancestors`], one callback per node met.
+    fn visit<B: Backend<Node = N>>(
+        &mut self,
+        backend: &B,
+        capture: u64,
+        stream: S,
+        terminals: &[N],
+    ) -> Result<(), Error> {
+        let slot = match self.streams.iter().position(|(s, _)| *s == stream) {
+            Some(i) => i,
+            None => {
+                self.streams.push((stream, Vec::new()));
+                self.streams.len() - 1
+            }
+        };
+        if self.num.backend.is_none()
+            && let Some(&t) = terminals.first()
+        {
+            // The first node tells whether the backend numbers nodes.
+            self.num.number(backend, capture, t);
+        }
+        let num = &mut self.num;
+        let bits = &mut self.streams[slot].1;
+        if num.backend == Some(true)
+            && !num.broken
+            && backend.mark_ancestors(capture, terminals, bits)?
+        {
+            return Ok(());
+        }
+        if num.backend == Some(true) && !num.broken {
+            // The backend numbers nodes (known from an earlier node).
+            let mut broken = false;
+            let r = backend.walk_ancestors(terminals, |n| match backend.node_index(capture, n) {
+                Some(i) if i < MAX_NODE_NUMBER => bit_set(bits, i),
+                _ => {
+                    broken = true;
+                    false
+                }
+            });
+            num.broken |= broken;
+            r?;
+        } else {
+            backend.walk_ancestors(terminals, |n| {
+                num.number(backend, capture, n)
+                    .is_some_and(|i| bit_set(bits, i))
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// Per-stream state of the reclaim step: deferred blocks with markers
+/// pushed so far, and the terminals and that count at the last check
+/// (nothing changed = nothing new to reclaim).
+struct StreamCheck<N> {
     pushes: u64,
+    checked: Option<(Vec<N>, u64)>,
+}
+
+impl<N> Default for StreamCheck<N> {
+    fn default() -> Self {
+        Self {
+            pushes: 0,
+            checked: None,
+        }
+    }
 }
 
 /// `cross_stream` bookkeeping of one capture: terminal snapshots of the
@@ -95,7 +276,9 @@ pub(crate) struct CrossLog<S, N> {
     /// Per stream, its terminal sets at free moments, oldest first (a
     /// stream's frontier only moves forward, so a later snapshot's ancestors
     /// include an earlier one's).
-    snaps: FastMap<S, Vec<Vec<N>>>,
+    snaps: FastMap<S, Vec<(u32, u32)>>,
+    /// The snapshots' nodes: `snaps` holds (start, length) ranges of it.
+    snap_nodes: Vec<N>,
     /// Disjoint freed ranges: start → (end, freeing stream, snapshot index).
     ranges: BTreeMap<u64, (u64, S, u32)>,
     /// (requesting stream, freeing stream) → number of the freeing stream's
@@ -104,21 +287,22 @@ pub(crate) struct CrossLog<S, N> {
     /// A free could not be logged: no free block moves across streams in
     /// this capture any more.
     poisoned: bool,
-    /// Deferred blocks with markers pushed, per allocation stream.
-    pushes: FastMap<S, u64>,
-    /// The reclaim step's last check, per stream.
-    last: FastMap<S, LastCheck<N>>,
+    /// The reclaim step's state, per allocation stream.
+    checks: FastMap<S, StreamCheck<N>>,
+    /// `log_range`'s buffer of range starts to remove.
+    inside: Vec<u64>,
 }
 
 impl<S, N> Default for CrossLog<S, N> {
     fn default() -> Self {
         Self {
             snaps: FastMap::default(),
+            snap_nodes: Vec::new(),
             ranges: BTreeMap::new(),
             known: FastMap::default(),
             poisoned: false,
-            pushes: FastMap::default(),
-            last: FastMap::default(),
+            checks: FastMap::default(),
+            inside: Vec::new(),
         }
     }
 }
@@ -127,38 +311,60 @@ impl<S: Copy + Eq + std::hash::Hash, N: Copy + Eq> CrossLog<S, N> {
     /// The index of `stream`'s snapshot equal to `terminals` (appended if new).
     fn snapshot(&mut self, stream: S, terminals: &[N]) -> u32 {
         let v = self.snaps.entry(stream).or_default();
-        let same = v
-            .last()
-            .is_some_and(|l| l.len() == terminals.len() && terminals.iter().all(|t| l.contains(t)));
+        let same = v.last().is_some_and(|&(at, len)| {
+            let l = &self.snap_nodes[at as usize..(at + len) as usize];
+            l.len() == terminals.len() && terminals.iter().all(|t| l.contains(t))
+        });
         if !same {
-            v.push(terminals.to_vec());
+            v.push((self.snap_nodes.len() as u32, terminals.len() as u32));
+            self.snap_nodes.extend_from_slice(terminals);
         }
         (v.len() - 1) as u32
     }
 
     /// Logs `[lo, hi)` as freed by `stream` at snapshot `idx`, replacing what
-    /// was logged over those bytes.
+    /// was logged over those bytes. One backward walk over the ranges that
+    /// end after `lo` finds everything to change: a range straddling `lo` is
+    /// truncated in place, one starting at `lo` is overwritten in place, the
+    /// others starting inside are removed, and the part of any range past
+    /// `hi` is kept from `hi` on.
     fn log_range(&mut self, lo: u64, hi: u64, stream: S, idx: u32) {
-        if let Some((&s, &(e, st, ix))) = self.ranges.range(..lo).next_back()
-            && e > lo
-        {
-            self.ranges.insert(s, (lo, st, ix));
-            if e > hi {
-                self.ranges.insert(hi, (e, st, ix));
+        let mut right: Option<(u64, S, u32)> = None;
+        let mut at_lo = false;
+        let mut inside = std::mem::take(&mut self.inside);
+        inside.clear();
+        for (&k, v) in self.ranges.range_mut(..hi).rev() {
+            if v.0 <= lo {
+                break;
+            }
+            if v.0 > hi {
+                right = Some(*v);
+            }
+            if k < lo {
+                v.0 = lo;
+                break;
+            }
+            if k == lo {
+                *v = (hi, stream, idx);
+                at_lo = true;
+            } else {
+                inside.push(k);
             }
         }
-        let inside: Vec<u64> = self.ranges.range(lo..hi).map(|(&k, _)| k).collect();
-        for k in inside {
-            if let Some((e, st, ix)) = self.ranges.remove(&k)
-                && e > hi
-            {
-                self.ranges.insert(hi, (e, st, ix));
-            }
+        for &k in &inside {
+            self.ranges.remove(&k);
         }
-        self.ranges.insert(lo, (hi, stream, idx));
+        self.inside = inside;
+        if !at_lo {
+            self.ranges.insert(lo, (hi, stream, idx));
+        }
+        if let Some(r) = right {
+            self.ranges.insert(hi, r);
+        }
     }
 
     /// The (stream, snapshot) entries logged over `[lo, hi)`.
+    #[cfg(test)]
     fn entries(&self, lo: u64, hi: u64) -> Vec<(S, u32)> {
         let mut v = Vec::new();
         if let Some((_, &(e, st, ix))) = self.ranges.range(..lo).next_back()
@@ -173,6 +379,40 @@ impl<S: Copy + Eq + std::hash::Hash, N: Copy + Eq> CrossLog<S, N> {
     }
 }
 
+/// Buffers the capture paths reuse, so that no operation allocates for a
+/// backend query.
+pub(crate) struct CaptureScratch<S, N> {
+    /// What the reclaim step of the current malloc learned of its stream:
+    /// (stream, capture, whether its visited set covers `terminals`). Reset
+    /// at every reclaim step; `cross_stream_reuse`, later in the same
+    /// malloc, uses it instead of asking the backend again.
+    current: Option<(S, u64, bool)>,
+    /// The cross-stream search's buffers: each stream's next candidate
+    /// (size, address, stream, block), the blocks held out of the free set,
+    /// and which streams capture here.
+    heads: Vec<(u64, u64, S, BlockId)>,
+    held: Vec<(S, u64, u64, BlockId)>,
+    member: Vec<(S, bool)>,
+    /// Terminals of the stream a malloc runs on.
+    terminals: Vec<N>,
+    /// Terminals of any other stream queried (free markers, logged frees,
+    /// capture membership).
+    other: Vec<N>,
+}
+
+impl<S, N> Default for CaptureScratch<S, N> {
+    fn default() -> Self {
+        Self {
+            current: None,
+            heads: Vec::new(),
+            held: Vec::new(),
+            member: Vec::new(),
+            terminals: Vec::new(),
+            other: Vec::new(),
+        }
+    }
+}
+
 impl<B: Backend> Inner<B> {
     /// Free markers of a block freed during capture; empty = wait for the
     /// capture's end. Never fails: any doubt gives the safe empty list.
@@ -184,26 +424,31 @@ impl<B: Backend> Inner<B> {
         if !b.stream_uses.is_empty() {
             return Ok(Vec::new());
         }
-        let streams: Vec<B::Stream> = std::iter::once(b.stream)
-            .chain(b.capture_uses.iter().copied())
-            .collect();
+        let uses = 1 + b.capture_uses.len();
+        let buf = &mut self.capture_scratch.other;
         let mut markers: Vec<B::Node> = Vec::new();
         let mut capture_id = None;
-        for s in streams {
-            let info = match backend.capture_info(s) {
+        for k in 0..uses {
+            let b = &self.blocks[id as usize];
+            let s = if k == 0 {
+                b.stream
+            } else {
+                b.capture_uses[k - 1]
+            };
+            let (status, cid) = match backend.capture_state(s, buf) {
                 Ok(i) => i,
                 Err(e) => {
                     tracing::warn!(%e, "capture_info failed while recording free markers");
                     return Ok(Vec::new());
                 }
             };
-            if info.status != CaptureStatus::Active {
+            if status != CaptureStatus::Active {
                 return Ok(Vec::new());
             }
-            if *capture_id.get_or_insert(info.id) != info.id {
+            if *capture_id.get_or_insert(cid) != cid {
                 return Ok(Vec::new());
             }
-            for n in info.terminals {
+            for &n in buf.iter() {
                 if !markers.contains(&n) {
                     markers.push(n);
                 }
@@ -216,7 +461,7 @@ impl<B: Backend> Inner<B> {
             && self.ensure_context(backend, stream, c)?
             && let Some(ctx) = self.reuse_contexts.get_mut(&c)
         {
-            *ctx.cross.pushes.entry(stream).or_default() += 1;
+            ctx.cross.checks.entry(stream).or_default().pushes += 1;
         }
         Ok(markers)
     }
@@ -270,65 +515,45 @@ impl<B: Backend> Inner<B> {
     }
 
     /// Extends the requesting stream's visited set; returns the capture id
-    /// and the stream's current terminals, or `None` when the stream is not
-    /// capturing into a registered pool.
-    fn extend_visited(
-        &mut self,
-        backend: &B,
-        stream: B::Stream,
-    ) -> Result<Option<CaptureFrontier<B::Node>>, Error> {
-        let info = backend.capture_info(stream)?;
-        if info.status != CaptureStatus::Active || info.terminals.is_empty() {
+    /// (the stream's current terminals are left in `capture_scratch`), or
+    /// `None` when the stream is not capturing into a registered pool.
+    fn extend_visited(&mut self, backend: &B, stream: B::Stream) -> Result<Option<u64>, Error> {
+        if let Some((s, capture, walked)) = self.capture_scratch.current.take()
+            && s == stream
+        {
+            // The reclaim step of this malloc asked already (and the
+            // context exists); walk unless it did.
+            if !walked && let Some(ctx) = self.reuse_contexts.get_mut(&capture) {
+                ctx.visited
+                    .visit(backend, capture, stream, &self.capture_scratch.terminals)?;
+            }
+            return Ok(Some(capture));
+        }
+        let (status, capture) =
+            backend.capture_state(stream, &mut self.capture_scratch.terminals)?;
+        if status != CaptureStatus::Active || self.capture_scratch.terminals.is_empty() {
             return Ok(None);
         }
-        if !self.ensure_context(backend, stream, info.id)? {
+        if !self.ensure_context(backend, stream, capture)? {
             return Ok(None);
         }
-        self.visit_from(backend, info.id, stream, &info.terminals)?;
-        Ok(Some((info.id, info.terminals)))
+        if let Some(ctx) = self.reuse_contexts.get_mut(&capture) {
+            ctx.visited
+                .visit(backend, capture, stream, &self.capture_scratch.terminals)?;
+        }
+        Ok(Some(capture))
     }
 
-    /// Adds the ancestors-or-self of `terminals` to `stream`'s visited set
-    /// (incremental reverse DFS: a visited node is never expanded again).
-    fn visit_from(
-        &mut self,
+    fn markers_visited(
+        &self,
         backend: &B,
         capture: u64,
         stream: B::Stream,
-        terminals: &[B::Node],
-    ) -> Result<(), Error> {
-        let Some(ctx) = self.reuse_contexts.get_mut(&capture) else {
-            return Ok(());
-        };
-        let visited = ctx.visited.entry(stream).or_default();
-        let mut stack: Vec<B::Node> = Vec::new();
-        for &t in terminals {
-            if visited.insert(t) {
-                stack.push(t);
-            }
-        }
-        let mut deps: Vec<B::Node> = Vec::new();
-        while let Some(n) = stack.pop() {
-            deps.clear();
-            backend.extend_node_dependencies(n, &mut deps)?;
-            for &d in &deps {
-                if visited.insert(d) {
-                    stack.push(d);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn markers_visited(&self, capture: u64, stream: B::Stream, markers: &[B::Node]) -> bool {
-        let Some(v) = self
-            .reuse_contexts
+        markers: &[B::Node],
+    ) -> bool {
+        self.reuse_contexts
             .get(&capture)
-            .and_then(|c| c.visited.get(&stream))
-        else {
-            return false;
-        };
-        markers.iter().all(|m| v.contains(m))
+            .is_some_and(|c| c.visited.all_visited(backend, capture, stream, markers))
     }
 
     /// `cross_stream` mode: logs the free block `id` (just freed and merged)
@@ -342,7 +567,8 @@ impl<B: Backend> Inner<B> {
         }
         let b = &self.blocks[id as usize];
         let (stream, lo, hi) = (b.stream, b.addr, b.addr + b.size);
-        let info = match backend.capture_info(stream) {
+        let (status, capture) = match backend.capture_state(stream, &mut self.capture_scratch.other)
+        {
             Ok(i) => i,
             Err(e) => {
                 tracing::warn!(%e, "capture_info failed; cross-stream reuse of free blocks stops");
@@ -352,10 +578,10 @@ impl<B: Backend> Inner<B> {
                 return;
             }
         };
-        if info.status != CaptureStatus::Active {
+        if status != CaptureStatus::Active {
             return;
         }
-        match self.ensure_context(backend, stream, info.id) {
+        match self.ensure_context(backend, stream, capture) {
             Ok(true) => {}
             Ok(false) => return,
             Err(e) => {
@@ -368,37 +594,66 @@ impl<B: Backend> Inner<B> {
         }
         let log = &mut self
             .reuse_contexts
-            .get_mut(&info.id)
+            .get_mut(&capture)
             .expect("ensured above")
             .cross;
-        let idx = log.snapshot(stream, &info.terminals);
+        let idx = log.snapshot(stream, &self.capture_scratch.other);
         log.log_range(lo, hi, stream, idx);
     }
 
     /// Whether every snapshot logged over `[lo, hi)` is in `stream`'s
     /// visited set (capture `capture`).
-    fn range_visited(&mut self, capture: u64, stream: B::Stream, lo: u64, hi: u64) -> bool {
+    fn range_visited(
+        &mut self,
+        backend: &B,
+        capture: u64,
+        stream: B::Stream,
+        lo: u64,
+        hi: u64,
+    ) -> bool {
         let Some(ctx) = self.reuse_contexts.get_mut(&capture) else {
             return false;
         };
-        let Some(visited) = ctx.visited.get(&stream) else {
-            return false;
-        };
+        let visited = &ctx.visited;
         let log = &mut ctx.cross;
-        for (s, ix) in log.entries(lo, hi) {
+        // The ranges over `[lo, hi)`: those starting below `hi` and ending
+        // after `lo`, walked down from `hi`.
+        for (_, &(end, s, ix)) in log.ranges.range(..hi).rev() {
+            if end <= lo {
+                break;
+            }
             let known = log.known.get(&(stream, s)).copied().unwrap_or(0);
             if ix < known {
                 continue;
             }
-            let Some(snap) = log.snaps.get(&s).and_then(|v| v.get(ix as usize)) else {
+            let Some(&(at, len)) = log.snaps.get(&s).and_then(|v| v.get(ix as usize)) else {
                 return false;
             };
-            if !snap.iter().all(|n| visited.contains(n)) {
+            let snap = &log.snap_nodes[at as usize..(at + len) as usize];
+            if !visited.all_visited(backend, capture, stream, snap) {
                 return false;
             }
             log.known.insert((stream, s), ix + 1);
         }
         true
+    }
+
+    /// Whether `stream` captures into capture `capture` (answers cached in
+    /// `member` for one search).
+    fn in_capture(
+        &mut self,
+        backend: &B,
+        capture: u64,
+        stream: B::Stream,
+        member: &mut Vec<(B::Stream, bool)>,
+    ) -> Result<bool, Error> {
+        if let Some(m) = member.iter().find(|m| m.0 == stream) {
+            return Ok(m.1);
+        }
+        let (status, id) = backend.capture_state(stream, &mut self.capture_scratch.other)?;
+        let ok = status == CaptureStatus::Active && id == capture;
+        member.push((stream, ok));
+        Ok(ok)
     }
 
     /// The reclaim step at `malloc` during capture (spec 1.5): deferred blocks
@@ -408,6 +663,7 @@ impl<B: Backend> Inner<B> {
         backend: &B,
         stream: B::Stream,
     ) -> Result<(), Error> {
+        self.capture_scratch.current = None;
         if !self
             .deferred
             .iter()
@@ -418,61 +674,78 @@ impl<B: Backend> Inner<B> {
             // a later extension covers this moment's ancestors too.
             return Ok(());
         }
-        let info = backend.capture_info(stream)?;
-        if info.status != CaptureStatus::Active || info.terminals.is_empty() {
+        let (status, capture) =
+            backend.capture_state(stream, &mut self.capture_scratch.terminals)?;
+        if status != CaptureStatus::Active || self.capture_scratch.terminals.is_empty() {
             return Ok(());
         }
-        let capture = info.id;
         if !self.ensure_context(backend, stream, capture)? {
             return Ok(());
         }
+        self.capture_scratch.current = Some((stream, capture, false));
         // Nothing new since the last check (same terminals, no block
-        // deferred since): nothing can have become reclaimable.
-        let log = &mut self
+        // deferred since): nothing can have become reclaimable (and the
+        // visited set covers these terminals).
+        let terminals = &self.capture_scratch.terminals;
+        let ctx = self
             .reuse_contexts
             .get_mut(&capture)
-            .expect("ensured above")
-            .cross;
-        let pushes = log.pushes.get(&stream).copied().unwrap_or(0);
-        if log
-            .last
-            .get(&stream)
-            .is_some_and(|l| l.pushes == pushes && l.terminals == info.terminals)
-        {
+            .expect("ensured above");
+        let check = ctx.cross.checks.entry(stream).or_default();
+        let pushes = check.pushes;
+        let same = check.checked.as_ref().is_some_and(|(t, _)| t == terminals);
+        if same && check.checked.as_ref().is_some_and(|&(_, p)| p == pushes) {
+            self.capture_scratch.current = Some((stream, capture, true));
             return Ok(());
         }
-        self.visit_from(backend, capture, stream, &info.terminals)?;
-        let log = &mut self
-            .reuse_contexts
-            .get_mut(&capture)
-            .expect("ensured above")
-            .cross;
-        log.last.insert(
-            stream,
-            LastCheck {
-                terminals: info.terminals,
-                pushes,
-            },
-        );
+        // Same terminals as at the last check: the visited set covers them.
+        if !same {
+            ctx.visited.visit(backend, capture, stream, terminals)?;
+        }
+        self.capture_scratch.current = Some((stream, capture, true));
+        match &mut check.checked {
+            Some((t, p)) => {
+                t.clone_from(terminals);
+                *p = pushes;
+            }
+            None => check.checked = Some((terminals.clone(), pushes)),
+        }
+        // Free every reclaimable deferred block, in the order of a scan that
+        // swap-removes each (the element moved into a freed slot is looked
+        // at next). Freeing a block changes no other deferred block's
+        // eligibility.
         let mut i = 0;
-        while i < self.deferred.len() {
-            let d = &self.deferred[i];
-            let b = &self.blocks[d.block as usize];
-            if !d.markers.is_empty()
-                && b.stream == stream
-                && b.state == BState::Pending
-                && b.stream_uses.is_empty()
-                && b.event_count == 0
-                && self.markers_visited(capture, stream, &d.markers)
-            {
-                let id = d.block;
-                self.deferred.swap_remove(i);
-                self.blocks[id as usize].capture_uses.clear();
-                self.adopt_free_neighbours(backend, id)?;
-                let id = self.free_block(id);
-                self.note_capture_free(backend, id);
-            } else {
-                i += 1;
+        while let Some(ctx) = self.reuse_contexts.get(&capture) {
+            let (deferred, blocks) = (&self.deferred, &self.blocks);
+            let found = (i..deferred.len()).find(|&j| {
+                let d = &deferred[j];
+                let b = &blocks[d.block as usize];
+                !d.markers.is_empty()
+                    && b.stream == stream
+                    && b.state == BState::Pending
+                    && b.stream_uses.is_empty()
+                    && b.event_count == 0
+                    && ctx
+                        .visited
+                        .all_visited(backend, capture, stream, &d.markers)
+            });
+            let Some(j) = found else { break };
+            i = j;
+            let id = self.deferred.swap_remove(i).block;
+            self.blocks[id as usize].capture_uses.clear();
+            self.adopt_free_neighbours(backend, id)?;
+            let id = self.free_block(id);
+            // As `note_capture_free`, with the terminals just asked for.
+            if self.config.graph_capture_record_stream_reuse == CaptureReuse::CrossStream {
+                let b = &self.blocks[id as usize];
+                let (lo, hi) = (b.addr, b.addr + b.size);
+                let log = &mut self
+                    .reuse_contexts
+                    .get_mut(&capture)
+                    .expect("ensured above")
+                    .cross;
+                let idx = log.snapshot(stream, &self.capture_scratch.terminals);
+                log.log_range(lo, hi, stream, idx);
             }
         }
         Ok(())
@@ -500,7 +773,10 @@ impl<B: Backend> Inner<B> {
         if !nbs.iter().any(|&n| cand(&self.blocks, n)) {
             return Ok(());
         }
-        let Some((capture, _)) = self.extend_visited(backend, t)? else {
+        // Ask afresh (a free outside malloc must not use the cached query of
+        // an earlier malloc).
+        self.capture_scratch.current = None;
+        let Some(capture) = self.extend_visited(backend, t)? else {
             return Ok(());
         };
         let Some(ctx) = self.reuse_contexts.get(&capture) else {
@@ -519,11 +795,11 @@ impl<B: Backend> Inner<B> {
                 let nb = &self.blocks[n as usize];
                 (nb.stream, nb.addr, nb.addr + nb.size)
             };
-            let in_capture = match backend.capture_info(s) {
-                Ok(i) => i.status == CaptureStatus::Active && i.id == capture,
+            let in_capture = match backend.capture_state(s, &mut self.capture_scratch.other) {
+                Ok((status, id)) => status == CaptureStatus::Active && id == capture,
                 Err(_) => false,
             };
-            if in_capture && self.range_visited(capture, t, lo, hi) {
+            if in_capture && self.range_visited(backend, capture, t, lo, hi) {
                 self.remove_free(n);
                 self.blocks[n as usize].stream = t;
                 self.insert_free_block(n);
@@ -546,7 +822,7 @@ impl<B: Backend> Inner<B> {
         if self.config.graph_capture_record_stream_reuse != CaptureReuse::CrossStream {
             return Ok(None);
         }
-        let Some((capture, terminals)) = self.extend_visited(backend, p.stream)? else {
+        let Some(capture) = self.extend_visited(backend, p.stream)? else {
             return Ok(None);
         };
         let max_split = self.config.max_split_size;
@@ -574,7 +850,7 @@ impl<B: Backend> Inner<B> {
             if best.is_some_and(|bk| (bk.0, bk.1) <= (b.size, b.addr)) {
                 continue;
             }
-            if self.markers_visited(capture, p.stream, &d.markers) {
+            if self.markers_visited(backend, capture, p.stream, &d.markers) {
                 best = Some((b.size, b.addr, i));
             }
         }
@@ -588,36 +864,72 @@ impl<B: Backend> Inner<B> {
                 .any(|c| c.pool == ctx.pool && matches!(c.filter, PoolFilter::Streams(_)));
         let mut free_best: Option<BlockId> = None;
         if pool_ok {
+            // The candidates are the fitting free blocks of other streams in
+            // (size, address) order; the first whose stream captures here and
+            // whose logged frees are all visited wins. They are visited in
+            // that order by merging the streams: each stream's next block is
+            // its first fitting one once the blocks already looked at are
+            // held out of the free set (they go back before returning). A
+            // stream outside the capture drops out whole.
             let pool = self.pools[p.pool as usize]
                 .as_ref()
                 .expect("live pool")
                 .get_ref(p.small);
-            let mut cands: Vec<(u64, u64, B::Stream, BlockId)> = pool
-                .free
-                .iter()
-                .filter(|&(s, size, _, _)| s != p.stream && fits(size))
-                .map(|(s, size, addr, id)| (size, addr, s, id))
-                .collect();
-            cands.sort_unstable_by_key(|c| (c.0, c.1));
-            let mut member: Vec<(B::Stream, bool)> = Vec::new();
-            for (size, addr, s, id) in cands {
+            let mut heads = std::mem::take(&mut self.capture_scratch.heads);
+            let mut held = std::mem::take(&mut self.capture_scratch.held);
+            let mut member = std::mem::take(&mut self.capture_scratch.member);
+            heads.clear();
+            held.clear();
+            member.clear();
+            heads.extend(
+                pool.free
+                    .streams()
+                    .filter(|&s| s != p.stream)
+                    .filter_map(|s| {
+                        let (size, addr, id) = pool.free.first_at_least(s, p.size)?;
+                        fits(size).then_some((size, addr, s, id))
+                    }),
+            );
+            let mut found = Ok(None);
+            while let Some(h) = (0..heads.len()).min_by_key(|&i| (heads[i].0, heads[i].1)) {
+                let (size, addr, s, id) = heads[h];
                 if best.is_some_and(|bk| (bk.0, bk.1) <= (size, addr)) {
                     break;
                 }
-                let in_capture = match member.iter().find(|m| m.0 == s) {
-                    Some(m) => m.1,
-                    None => {
-                        let i = backend.capture_info(s)?;
-                        let ok = i.status == CaptureStatus::Active && i.id == capture;
-                        member.push((s, ok));
-                        ok
+                match self.in_capture(backend, capture, s, &mut member) {
+                    Err(e) => {
+                        found = Err(e);
+                        break;
                     }
-                };
-                if in_capture && self.range_visited(capture, p.stream, addr, addr + size) {
-                    free_best = Some(id);
+                    Ok(false) => {
+                        heads.swap_remove(h);
+                        continue;
+                    }
+                    Ok(true) => {}
+                }
+                if self.range_visited(backend, capture, p.stream, addr, addr + size) {
+                    found = Ok(Some(id));
                     break;
                 }
+                let free = &mut self.pool_mut(p.pool).get(p.small).free;
+                let removed = free.remove(s, size, addr);
+                debug_assert_eq!(removed, Some(id));
+                held.push((s, size, addr, id));
+                match free.first_at_least(s, size) {
+                    Some((size, addr, id)) if fits(size) => heads[h] = (size, addr, s, id),
+                    _ => {
+                        heads.swap_remove(h);
+                    }
+                }
             }
+            let free = &mut self.pool_mut(p.pool).get(p.small).free;
+            for &(s, size, addr, id) in &held {
+                free.insert(s, size, addr, id);
+            }
+            self.capture_scratch.heads = heads;
+            self.capture_scratch.held = held;
+            self.capture_scratch.member = member;
+            free_best = found?;
         }
         let id = if let Some(id) = free_best {
             self.remove_free(id);
@@ -643,7 +955,9 @@ impl<B: Backend> Inner<B> {
             (b.addr, b.addr + b.size)
         };
         if let Some(ctx) = self.reuse_contexts.get_mut(&capture) {
-            let idx = ctx.cross.snapshot(p.stream, &terminals);
+            let idx = ctx
+                .cross
+                .snapshot(p.stream, &self.capture_scratch.terminals);
             ctx.cross.log_range(lo, hi, p.stream, idx);
         }
         Ok(Some(id))
@@ -653,6 +967,55 @@ impl<B: Backend> Inner<B> {
 #[cfg(test)]
 mod tests {
     use super::CrossLog;
+
+    /// The straightforward interval overwrite `log_range` must match.
+    fn reference_log(
+        m: &mut std::collections::BTreeMap<u64, (u64, u32, u32)>,
+        lo: u64,
+        hi: u64,
+        v: (u32, u32),
+    ) {
+        if let Some((&s, &(e, st, ix))) = m.range(..lo).next_back()
+            && e > lo
+        {
+            m.insert(s, (lo, st, ix));
+            if e > hi {
+                m.insert(hi, (e, st, ix));
+            }
+        }
+        let inside: Vec<u64> = m.range(lo..hi).map(|(&k, _)| k).collect();
+        for k in inside {
+            if let Some((e, st, ix)) = m.remove(&k)
+                && e > hi
+            {
+                m.insert(hi, (e, st, ix));
+            }
+        }
+        m.insert(lo, (hi, v.0, v.1));
+    }
+
+    #[test]
+    fn log_range_matches_the_reference_overwrite() {
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for _ in 0..50 {
+            let mut l: CrossLog<u32, u32> = CrossLog::default();
+            let mut r = std::collections::BTreeMap::new();
+            for i in 0..400u32 {
+                let lo = next(200);
+                let hi = lo + 1 + next(40);
+                let st = next(4) as u32;
+                l.log_range(lo, hi, st, i);
+                reference_log(&mut r, lo, hi, (st, i));
+                assert_eq!(l.ranges, r);
+            }
+        }
+    }
 
     #[test]
     fn log_ranges_stay_disjoint_and_newest_wins() {

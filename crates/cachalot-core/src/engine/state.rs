@@ -603,6 +603,11 @@ impl<S: Copy + Ord> FreeSet<S> {
         })
     }
 
+    /// The streams with a set (possibly empty), in order.
+    pub fn streams(&self) -> impl Iterator<Item = S> + '_ {
+        self.streams.iter().map(|e| e.0)
+    }
+
     /// Number of free blocks.
     pub fn len(&self) -> usize {
         debug_assert_eq!(
@@ -694,7 +699,7 @@ pub(crate) struct Deferred<N> {
 /// Per-capture reuse context: for each stream, the set of graph nodes
 /// known to precede its future work.
 pub(crate) struct ReuseContext<S, N> {
-    pub visited: crate::engine::capture::FastMap<S, crate::engine::capture::NodeSet<N>>,
+    pub visited: crate::engine::capture::Reach<S, N>,
     pub pool: PoolId,
     /// `cross_stream` mode's log of frees (see `capture.rs`).
     pub cross: crate::engine::capture::CrossLog<S, N>,
@@ -739,6 +744,8 @@ pub(crate) struct Inner<B: Backend> {
     pub captures: Vec<CaptureEntry<B::Stream>>,
     pub deferred: Vec<Deferred<B::Node>>,
     pub reuse_contexts: crate::engine::capture::FastMap<u64, ReuseContext<B::Stream, B::Node>>,
+    /// Buffers of the capture paths (`capture.rs`).
+    pub capture_scratch: crate::engine::capture::CaptureScratch<B::Stream, B::Node>,
     pub total_memory: u64,
     pub memory_fraction: f64,
     pub allowed_max: Option<u64>,
@@ -774,6 +781,7 @@ impl<B: Backend> Inner<B> {
             captures: Vec::new(),
             deferred: Vec::new(),
             reuse_contexts: Default::default(),
+            capture_scratch: Default::default(),
             total_memory,
             memory_fraction: config.per_process_memory_fraction,
             allowed_max: None,
