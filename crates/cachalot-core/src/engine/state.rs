@@ -1730,14 +1730,11 @@ impl<B: Backend> Inner<B> {
         }
         let b = &mut self.blocks[id as usize];
         if b.stream_uses.is_empty() && b.capture_uses.is_empty() {
-            if !self.captures.is_empty() {
-                self.adopt_free_neighbours(backend, id)?;
+            if self.captures.is_empty() {
+                self.free_block(id);
+                return Ok(());
             }
-            let id = self.free_block(id);
-            if !self.captures.is_empty() {
-                self.note_capture_free(backend, id);
-            }
-            return Ok(());
+            return self.free_in_capture(backend, id);
         }
         b.state = BState::Pending;
         if !self.captures.is_empty() {
@@ -1757,6 +1754,17 @@ impl<B: Backend> Inner<B> {
                 self.insert_events(backend, id)
             }
         }
+    }
+
+    /// A block with no other-stream uses freed while a capture is underway:
+    /// it may first adopt free neighbours of other streams (`cross_stream`),
+    /// and its free is logged for cross-stream reuse.
+    #[cold]
+    fn free_in_capture(&mut self, backend: &B, id: BlockId) -> Result<(), Error> {
+        self.adopt_free_neighbours(backend, id)?;
+        let id = self.free_block(id);
+        self.note_capture_free(backend, id);
+        Ok(())
     }
 
     /// Unknown pointer vs double free (the pointer lies in one of our segments).
