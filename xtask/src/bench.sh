@@ -12,6 +12,7 @@
 #                            default: bin/cachalot threads --backend cuda
 #   BENCH_BINARIES=1         also run every binary under bench/ (criterion: --bench)
 #   RESULTS=results          where the JSON lines are written
+#   WARMUP=1                 replay every trace once per allocator first, discarded
 # Our commands are expected to print one JSON line per trace with the keys of
 # cca_replay ("trace", "warm_ns_per_op", "peak_reserved", ...) and one per
 # thread count with the keys of cca_threads ("threads", "mops_per_s").
@@ -57,6 +58,13 @@ fi
 # --- replay ------------------------------------------------------------------
 OURS_REPLAY=${CACHALOT_REPLAY:-"bin/cachalot replay --backend cuda --json --passes $PASSES"}
 OURS_THREADS=${CACHALOT_THREADS:-"bin/cachalot threads --backend cuda"}
+# Warm-up, discarded: on a freshly started machine the first process to run
+# measures the machine's warm-up too (we saw 1.6x on the first replay), so
+# both allocators replay every trace once before anything is measured.
+if [ ${#TRACES[@]} -gt 0 ] && [ "${WARMUP:-1}" = 1 ]; then
+  { [ -x bin/cachalot ] || [ -n "${CACHALOT_REPLAY:-}" ]; } && $OURS_REPLAY "${TRACES[@]}" >/dev/null 2>&1
+  [ -x build/cca_replay ] && build/cca_replay --passes=2 "${TRACES[@]}" >/dev/null 2>&1
+fi
 if [ ${#TRACES[@]} -gt 0 ]; then
   if [ -x bin/cachalot ] || [ -n "${CACHALOT_REPLAY:-}" ]; then
     $OURS_REPLAY "${TRACES[@]}" | grep --line-buffered '^{' | tag cachalot | tee "$RESULTS/cachalot-replay.jsonl"
