@@ -667,7 +667,7 @@ impl<B: Backend> Inner<B> {
         if !self
             .deferred
             .iter()
-            .any(|d| !d.markers.is_empty() && self.blocks[d.block as usize].stream == stream)
+            .any(|d| d.stream == stream && !d.markers.is_empty())
         {
             // Nothing to reclaim for this stream. Skipping the visited-set
             // extension is sound: a stream's terminals only move forward, so
@@ -719,12 +719,13 @@ impl<B: Backend> Inner<B> {
             let (deferred, blocks) = (&self.deferred, &self.blocks);
             let found = (i..deferred.len()).find(|&j| {
                 let d = &deferred[j];
-                let b = &blocks[d.block as usize];
-                !d.markers.is_empty()
-                    && b.stream == stream
-                    && b.state == BState::Pending
-                    && b.stream_uses.is_empty()
-                    && b.event_count == 0
+                d.stream == stream
+                    && !d.markers.is_empty()
+                    && {
+                        let b = &blocks[d.block as usize];
+                        debug_assert_eq!(b.stream, d.stream);
+                        b.state == BState::Pending && b.stream_uses.is_empty() && b.event_count == 0
+                    }
                     && ctx
                         .visited
                         .all_visited(backend, capture, stream, &d.markers)

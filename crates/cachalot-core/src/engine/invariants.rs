@@ -18,6 +18,16 @@ impl<B: Backend> Inner<B> {
         let mut alloc_count = 0usize;
         let mut event_sum = 0usize;
         let deferred: HashSet<BlockId> = self.deferred.iter().map(|d| d.block).collect();
+        if let Some(d) = self
+            .deferred
+            .iter()
+            .find(|d| self.blocks[d.block as usize].stream != d.stream)
+        {
+            return Err(format!(
+                "deferred block {} changed stream while deferred",
+                d.block
+            ));
+        }
         for (&start, seg) in &self.segments {
             let head = &self.blocks[seg.head as usize];
             if head.addr != start || head.prev != NIL {

@@ -690,8 +690,11 @@ pub(crate) struct CaptureEntry<S> {
 }
 
 /// A block freed during capture with cross-stream uses.
-pub(crate) struct Deferred<N> {
+pub(crate) struct Deferred<S, N> {
     pub block: BlockId,
+    /// The block's stream (a pending block keeps its stream while deferred),
+    /// kept here so scans for one stream's blocks stay in this vector.
+    pub stream: S,
     /// Free markers; empty = wait for capture end.
     pub markers: Vec<N>,
 }
@@ -742,7 +745,7 @@ pub(crate) struct Inner<B: Backend> {
     pub outstanding_events: usize,
     pub event_pool: Vec<B::Event>,
     pub captures: Vec<CaptureEntry<B::Stream>>,
-    pub deferred: Vec<Deferred<B::Node>>,
+    pub deferred: Vec<Deferred<B::Stream, B::Node>>,
     pub reuse_contexts: crate::engine::capture::FastMap<u64, ReuseContext<B::Stream, B::Node>>,
     /// Buffers of the capture paths (`capture.rs`).
     pub capture_scratch: crate::engine::capture::CaptureScratch<B::Stream, B::Node>,
@@ -1450,8 +1453,10 @@ impl<B: Backend> Inner<B> {
                     let b = &mut self.blocks[id as usize];
                     b.stream_uses.extend_from_slice(&uses[i..]);
                     if b.event_count == 0 {
+                        let stream = self.blocks[id as usize].stream;
                         self.deferred.push(Deferred {
                             block: id,
+                            stream,
                             markers: Vec::new(),
                         });
                     }
@@ -1743,7 +1748,12 @@ impl<B: Backend> Inner<B> {
             } else {
                 Vec::new()
             };
-            self.deferred.push(Deferred { block: id, markers });
+            let stream = self.blocks[id as usize].stream;
+            self.deferred.push(Deferred {
+                block: id,
+                stream,
+                markers,
+            });
             Ok(())
         } else {
             self.blocks[id as usize].capture_uses.clear();
