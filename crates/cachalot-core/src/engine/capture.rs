@@ -32,7 +32,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::backend::{Backend, CaptureStatus};
 use crate::config::CaptureReuse;
-use crate::engine::state::{BState, BlockId, Inner, Params, PoolFilter, ReuseContext};
+use crate::engine::state::{BState, BlockId, Inner, Params, PoolFilter, PoolIdx, ReuseContext};
 use crate::error::Error;
 
 /// A fast hasher for graph nodes (small ids or pointers).
@@ -640,6 +640,21 @@ impl<B: Backend> Inner<B> {
 
     /// Whether `stream` captures into capture `capture` (answers cached in
     /// `member` for one search).
+    /// Whether free blocks of pool `pool` may move between the streams of
+    /// capture `capture`: the capture's free log is intact, `pool` is the
+    /// capture's pool, and no stream-filtered (eager, unlogged) allocation
+    /// shares it.
+    fn free_blocks_may_move(&self, capture: u64, pool: PoolIdx) -> bool {
+        self.reuse_contexts.get(&capture).is_some_and(|ctx| {
+            !ctx.cross.poisoned
+                && self.pool_index.get(&ctx.pool) == Some(&pool)
+                && !self
+                    .captures
+                    .iter()
+                    .any(|c| c.pool == ctx.pool && matches!(c.filter, PoolFilter::Streams(_)))
+        })
+    }
+
     fn in_capture(
         &mut self,
         backend: &B,
@@ -780,14 +795,11 @@ impl<B: Backend> Inner<B> {
         let Some(capture) = self.extend_visited(backend, t)? else {
             return Ok(());
         };
-        let Some(ctx) = self.reuse_contexts.get(&capture) else {
-            return Ok(());
-        };
-        if ctx.cross.poisoned
-            || self.pool_index.get(&ctx.pool) != Some(&self.blocks[id as usize].pool)
-        {
+        if !self.free_blocks_may_move(capture, self.blocks[id as usize].pool) {
             return Ok(());
         }
+        let mut member = std::mem::take(&mut self.capture_scratch.member);
+        member.clear();
         for n in nbs {
             if !cand(&self.blocks, n) {
                 continue;
@@ -796,16 +808,17 @@ impl<B: Backend> Inner<B> {
                 let nb = &self.blocks[n as usize];
                 (nb.stream, nb.addr, nb.addr + nb.size)
             };
-            let in_capture = match backend.capture_state(s, &mut self.capture_scratch.other) {
-                Ok((status, id)) => status == CaptureStatus::Active && id == capture,
-                Err(_) => false,
-            };
+            // a failed query only means no adoption
+            let in_capture = self
+                .in_capture(backend, capture, s, &mut member)
+                .unwrap_or(false);
             if in_capture && self.range_visited(backend, capture, t, lo, hi) {
                 self.remove_free(n);
                 self.blocks[n as usize].stream = t;
-                self.insert_free_block(n);
+                self.insert_free(n);
             }
         }
+        self.capture_scratch.member = member;
         Ok(())
     }
 
@@ -856,15 +869,8 @@ impl<B: Backend> Inner<B> {
             }
         }
         // 2. free blocks of other streams of this capture
-        let ctx = self.reuse_contexts.get(&capture).expect("extended above");
-        let pool_ok = !ctx.cross.poisoned
-            && self.pool_index.get(&ctx.pool) == Some(&p.pool)
-            && !self
-                .captures
-                .iter()
-                .any(|c| c.pool == ctx.pool && matches!(c.filter, PoolFilter::Streams(_)));
         let mut free_best: Option<BlockId> = None;
-        if pool_ok {
+        if self.free_blocks_may_move(capture, p.pool) {
             // The candidates are the fitting free blocks of other streams in
             // (size, address) order; the first whose stream captures here and
             // whose logged frees are all visited wins. They are visited in

@@ -232,15 +232,13 @@ impl Bin {
     fn remove(&mut self, size: u64, addr: u64) -> Option<BlockId> {
         match self {
             Bin::Flat(v) => {
+                // most classes hold one block: no search, no shift
                 if v.len() == 1 {
                     return (v[0].key() == (size, addr)).then(|| v.pop().map(|e| e.id))?;
                 }
                 let at = v.partition_point(|x| x.key() < (size, addr));
-                if v.get(at).is_some_and(|x| x.key() == (size, addr)) {
-                    Some(v.remove(at).id)
-                } else {
-                    None
-                }
+                v.get(at).filter(|x| x.key() == (size, addr))?;
+                Some(v.remove(at).id)
             }
             Bin::Tree(t) => {
                 let id = t.remove(&(size, addr))?;
@@ -258,10 +256,10 @@ impl Bin {
 
     fn get(&self, size: u64, addr: u64) -> Option<BlockId> {
         match self {
-            Bin::Flat(v) => {
-                let at = v.partition_point(|x| x.key() < (size, addr));
-                v.get(at).filter(|x| x.key() == (size, addr)).map(|x| x.id)
-            }
+            Bin::Flat(v) => v
+                .binary_search_by_key(&(size, addr), Entry::key)
+                .ok()
+                .map(|at| v[at].id),
             Bin::Tree(t) => t.get(&(size, addr)).copied(),
         }
     }
@@ -840,13 +838,9 @@ impl<B: Backend> Inner<B> {
             .expect("block refers to a live pool")
     }
 
-    /// Puts a free block (taken out with `remove_free`) back in its free set.
-    pub(crate) fn insert_free_block(&mut self, id: BlockId) {
-        self.insert_free(id);
-    }
-
+    /// Puts a free block in its pool's free set (keyed by its stream).
     #[inline]
-    fn insert_free(&mut self, id: BlockId) {
+    pub(crate) fn insert_free(&mut self, id: BlockId) {
         let b = &self.blocks[id as usize];
         let (st, size, addr) = (b.stream, b.size, b.addr);
         let (pool, small) = (b.pool, b.small);
