@@ -50,6 +50,17 @@ fn repo_trace(name: &str) -> String {
     p.to_str().unwrap().to_string()
 }
 
+/// `cachalot replay <small trace> --backend mock <extra>`: asserts it
+/// succeeded and returns its stdout.
+fn replay_small(extra: &[&str]) -> String {
+    let t = small_trace();
+    let mut args = vec!["replay", t.to_str().unwrap(), "--backend", "mock"];
+    args.extend_from_slice(extra);
+    let o = run(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    stdout(&o)
+}
+
 const REPLAY_FIELDS: [&str; 9] = [
     "trace",
     "ops",
@@ -64,18 +75,7 @@ const REPLAY_FIELDS: [&str; 9] = [
 
 #[test]
 fn replay_json_has_cca_replay_fields() {
-    let t = small_trace();
-    let o = run(&[
-        "replay",
-        t.to_str().unwrap(),
-        "--backend",
-        "mock",
-        "--json",
-        "--passes",
-        "3",
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let out = stdout(&o);
+    let out = replay_small(&["--json", "--passes", "3"]);
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 1, "{out}");
     let v: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
@@ -132,10 +132,7 @@ fn replay_several_traces_and_synthetic_names() {
 
 #[test]
 fn replay_human_output_is_a_table() {
-    let t = small_trace();
-    let o = run(&["replay", t.to_str().unwrap(), "--backend", "mock"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let out = stdout(&o);
+    let out = replay_small(&[]);
     for row in [
         "trace small (mock backend, 5 passes)",
         "ops per pass",
@@ -153,17 +150,7 @@ fn replay_human_output_is_a_table() {
 
 #[test]
 fn stats_prints_122_pytorch_keys() {
-    let t = small_trace();
-    let o = run(&[
-        "replay",
-        t.to_str().unwrap(),
-        "--backend",
-        "mock",
-        "--json",
-        "--stats",
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let out = stdout(&o);
+    let out = replay_small(&["--json", "--stats"]);
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 2);
     let v: serde_json::Value = serde_json::from_str(lines[1]).unwrap();
@@ -277,20 +264,14 @@ fn snapshot_pickle_loads_in_python() {
         eprintln!("python3 not found: skipped");
         return;
     }
-    let t = small_trace();
     let out = tmp_dir().join("snap.pickle");
-    let o = run(&[
-        "replay",
-        t.to_str().unwrap(),
-        "--backend",
-        "mock",
+    replay_small(&[
         "--passes",
         "2",
         "--json",
         "--snapshot",
         out.to_str().unwrap(),
     ]);
-    assert!(o.status.success(), "{}", stderr(&o));
     let script = r#"
 import pickle, sys, collections
 d = pickle.load(open(sys.argv[1], "rb"))
@@ -322,15 +303,7 @@ print("ok")
 
     // JSON when the name does not end in .pickle.
     let json = tmp_dir().join("snap.json");
-    let o = run(&[
-        "replay",
-        t.to_str().unwrap(),
-        "--backend",
-        "mock",
-        "--snapshot",
-        json.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    replay_small(&["--snapshot", json.to_str().unwrap()]);
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(v["segments"].as_array().unwrap().len(), 4);
