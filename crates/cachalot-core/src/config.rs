@@ -37,6 +37,20 @@ pub enum CaptureReuse {
     CrossStream,
 }
 
+/// Which free block an allocation takes (key `placement`, a cachalot extension).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Placement {
+    /// Best fit among blocks of partly used segments, then the *oldest* whole
+    /// free segment that fits, then a new segment. The choice depends only
+    /// on segments in creation order, so a workload that frees everything
+    /// and runs again replays its first run's placement exactly: no device
+    /// call after the first pass.
+    #[default]
+    Steady,
+    /// PyTorch's best fit over all free blocks of the stream, (size, address) order.
+    PyTorch,
+}
+
 /// The parsed allocator configuration.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AllocatorConfig {
@@ -64,6 +78,8 @@ pub struct AllocatorConfig {
     /// free segment cached under another stream if that stream has no
     /// unfinished work (PyTorch silos blocks per stream forever, #186232).
     pub idle_stream_reuse: bool,
+    /// cachalot extension: block placement (`steady` or `pytorch`).
+    pub placement: Placement,
     /// Pinned host allocator: register with the device (stored only).
     pub pinned_use_host_register: bool,
     /// Pinned host allocator: registration threads (stored only).
@@ -90,6 +106,7 @@ impl Default for AllocatorConfig {
             per_process_memory_fraction: 1.0,
             throw_on_device_malloc_oom: false,
             idle_stream_reuse: false,
+            placement: Placement::Steady,
             pinned_use_host_register: false,
             pinned_num_register_threads: 1,
             pinned_use_background_threads: false,
@@ -338,6 +355,7 @@ impl AllocatorConfig {
                 | "throw_on_cudamalloc_oom"
                 | "throw_on_device_malloc_oom"
                 | "idle_stream_reuse"
+                | "placement"
                 | "pinned_use_cuda_host_register"
                 | "pinned_use_hip_host_register"
                 | "pinned_num_register_threads"
@@ -453,6 +471,18 @@ impl AllocatorConfig {
                 self.throw_on_device_malloc_oom = parse_bool(key, v)?
             }
             "idle_stream_reuse" => self.idle_stream_reuse = parse_bool(key, v)?,
+            "placement" => {
+                self.placement = match v {
+                    "steady" => Placement::Steady,
+                    "pytorch" => Placement::PyTorch,
+                    _ => {
+                        return Err(ConfigError::new(
+                            key,
+                            format!("{v} is not a placement, use steady or pytorch"),
+                        ));
+                    }
+                }
+            }
             "pinned_use_cuda_host_register" | "pinned_use_hip_host_register" => {
                 self.pinned_use_host_register = parse_bool(key, v)?
             }

@@ -391,7 +391,7 @@ pub(crate) struct CaptureScratch<S, N> {
     /// (size, address, stream, block), the blocks held out of the free set,
     /// and which streams capture here.
     heads: Vec<(u64, u64, S, BlockId)>,
-    held: Vec<(S, u64, u64, BlockId)>,
+    held: Vec<(S, u64, u64, BlockId, Option<u64>)>,
     member: Vec<(S, bool)>,
     /// Terminals of the stream a malloc runs on.
     terminals: Vec<N>,
@@ -918,10 +918,11 @@ impl<B: Backend> Inner<B> {
                     found = Ok(Some(id));
                     break;
                 }
+                let wk = self.whole_key(&self.blocks[id as usize]);
                 let free = &mut self.pool_mut(p.pool).get(p.small).free;
-                let removed = free.remove(s, size, addr);
+                let removed = free.remove(s, size, addr, wk);
                 debug_assert_eq!(removed, Some(id));
-                held.push((s, size, addr, id));
+                held.push((s, size, addr, id, wk));
                 match free.first_at_least(s, size) {
                     Some((size, addr, id)) if fits(size) => heads[h] = (size, addr, s, id),
                     _ => {
@@ -930,8 +931,8 @@ impl<B: Backend> Inner<B> {
                 }
             }
             let free = &mut self.pool_mut(p.pool).get(p.small).free;
-            for &(s, size, addr, id) in &held {
-                free.insert(s, size, addr, id);
+            for &(s, size, addr, id, wk) in &held {
+                free.insert(s, size, addr, id, wk);
             }
             self.capture_scratch.heads = heads;
             self.capture_scratch.held = held;
@@ -948,7 +949,12 @@ impl<B: Backend> Inner<B> {
             // stream: it merges only with free blocks of that stream.
             let b = &mut self.blocks[id as usize];
             b.capture_uses.clear();
+            let (from, pool, small) = (b.stream, b.pool, b.small);
             b.stream = p.stream;
+            // the block is out: count it under its new stream
+            let free = &mut self.pool_mut(pool).get(small).free;
+            free.note_back_only(from);
+            free.note_out(p.stream);
             let id = self.free_block(id);
             self.remove_free(id);
             id

@@ -18,6 +18,8 @@ impl<B: Backend> Inner<B> {
         let mut alloc_count = 0usize;
         let mut event_sum = 0usize;
         let deferred: HashSet<BlockId> = self.deferred.iter().map(|d| d.block).collect();
+        // blocks out of each (pool, small pool?, stream): allocated or pending
+        let mut out: std::collections::HashMap<(u32, bool, B::Stream), u32> = Default::default();
         if let Some(d) = self
             .deferred
             .iter()
@@ -56,8 +58,14 @@ impl<B: Backend> Inner<B> {
                         b.addr, b.size
                     ));
                 }
-                if b.pool != head.pool || b.small != head.small {
-                    return Err(format!("block {id} pool differs from its segment's"));
+                if b.pool != head.pool || b.small != head.small || b.seq != head.seq {
+                    return Err(format!("block {id} pool or age differs from its segment's"));
+                }
+                if b.dormant && (b.state != BState::Free || b.is_split()) {
+                    return Err(format!("dormant block {id} is not a whole free segment"));
+                }
+                if b.state != BState::Free {
+                    *out.entry((b.pool, b.small, b.stream)).or_default() += 1;
                 }
                 match b.state {
                     BState::Free => {
@@ -111,6 +119,24 @@ impl<B: Backend> Inner<B> {
                     at - start,
                     seg.size
                 ));
+            }
+        }
+        for (i, pool) in self.pools.iter().enumerate() {
+            let Some(pool) = pool else { continue };
+            for (small, bp) in [(true, &pool.small), (false, &pool.large)] {
+                for s in bp.free.streams() {
+                    let want = out.get(&(i as u32, small, s)).copied().unwrap_or(0);
+                    if bp.free.out(s) != want {
+                        return Err(format!(
+                            "pool {i} small={small} stream {s:?}: {} blocks counted out, {want} are",
+                            bp.free.out(s)
+                        ));
+                    }
+                }
+                bp.free.check_dormant(|id| {
+                    let b = &self.blocks[id as usize];
+                    (b.dormant, b.seq)
+                })?;
             }
         }
         let pooled: usize = self

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use crate::backend::{Backend, DevicePointer};
-use crate::config::{AllocatorConfig, CaptureReuse};
+use crate::config::{AllocatorConfig, CaptureReuse, Placement};
 use crate::engine::history::{History, TraceAction};
 use crate::engine::rounding::{
     MAX_REQUEST, MIN_BLOCK_SIZE, SMALL_SIZE, allocation_size, round_size,
@@ -93,6 +93,10 @@ pub(crate) struct Block<S> {
     /// Counted in `oversize_allocations` when handed out (the threshold may
     /// change at run time; the flag keeps the stat balanced).
     pub oversize: bool,
+    /// Creation order of the block's segment (every block of a segment has it).
+    pub seq: u64,
+    /// A whole free segment filed in its stream's dormant list.
+    pub dormant: bool,
     /// Streams recorded with `record_stream` (outside capture or before it).
     pub stream_uses: Uses<S>,
     /// Streams recorded while a capture was underway.
@@ -124,6 +128,8 @@ impl<S> Block<S> {
             event_count: 0,
             gc_base: 0,
             oversize: false,
+            seq: 0,
+            dormant: false,
             stream_uses: Uses::default(),
             capture_uses: Uses::default(),
         }
@@ -404,6 +410,31 @@ impl SizeTree {
 struct StreamSet {
     tree: SizeTree,
     recent: Option<(u128, BlockId)>,
+    /// Dormant whole free segments, oldest first (`placement:steady`): the
+    /// stream's segments once it has drained, taken again in creation order.
+    whole: Vec<Whole>,
+    /// Blocks of this stream handed out from this pool and not yet back.
+    out: u32,
+}
+
+/// What [`FreeSet::insert_back`] did with a block coming back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Back {
+    /// Filed among the free blocks.
+    Kept,
+    /// Filed in the dormant list (the stream drained; it was the only block).
+    Dormant,
+    /// Filed among the free blocks; the stream drained the pool.
+    Drained,
+}
+
+/// A dormant whole free segment in a [`StreamSet`]'s age-ordered list.
+#[derive(Clone, Copy, Debug)]
+struct Whole {
+    seq: u64,
+    size: u64,
+    addr: u64,
+    id: BlockId,
 }
 
 impl StreamSet {
@@ -479,13 +510,47 @@ impl StreamSet {
     }
 
     fn len(&self) -> usize {
-        self.tree.len + usize::from(self.recent.is_some())
+        self.tree.len + usize::from(self.recent.is_some()) + self.whole.len()
+    }
+
+    fn insert_whole(&mut self, w: Whole) {
+        match self.whole.last() {
+            Some(l) if l.seq > w.seq => {
+                let at = self.whole.partition_point(|x| x.seq < w.seq);
+                self.whole.insert(at, w);
+            }
+            _ => self.whole.push(w),
+        }
+    }
+
+    fn remove_whole(&mut self, seq: u64, addr: u64) -> Option<BlockId> {
+        let at = self.whole.partition_point(|x| x.seq < seq);
+        let w = self
+            .whole
+            .get(at)
+            .filter(|w| w.seq == seq && w.addr == addr)?;
+        let id = w.id;
+        self.whole.remove(at);
+        Some(id)
+    }
+
+    /// The smallest dormant segment ≥ `size` as (key, id), lowest address first.
+    fn best_whole(&self, size: u64) -> Option<(u128, BlockId)> {
+        self.whole
+            .iter()
+            .filter(|w| w.size >= size)
+            .map(|w| (fkey(w.size, w.addr), w.id))
+            .min_by_key(|e| e.0)
     }
 
     /// Every entry, in key order.
     fn sorted(&self) -> Vec<(u128, BlockId)> {
         let mut v: Vec<(u128, BlockId)> = Vec::with_capacity(self.len());
         self.tree.for_each(|sz, a, id| v.push((fkey(sz, a), id)));
+        v.extend(self.whole.iter().map(|w| (fkey(w.size, w.addr), w.id)));
+        if !self.whole.is_empty() {
+            v.sort_unstable_by_key(|e| e.0);
+        }
         if let Some(r) = self.recent {
             let at = v.partition_point(|e| e.0 < r.0);
             v.insert(at, r);
@@ -530,16 +595,32 @@ impl<S: Copy + Ord> FreeSet<S> {
 
     /// Inserts a free block (the key must not be present).
     #[inline]
-    pub fn insert(&mut self, s: S, size: u64, addr: u64, id: BlockId) {
+    /// `whole`: the segment's age for a dormant whole segment (kept apart,
+    /// oldest first), `None` for any other block.
+    pub fn insert(&mut self, s: S, size: u64, addr: u64, id: BlockId, whole: Option<u64>) {
         debug_assert!(self.get(s, size, addr).is_none());
-        self.set_mut(s).insert(fkey(size, addr), id);
+        let set = self.set_mut(s);
+        match whole {
+            None => set.insert(fkey(size, addr), id),
+            Some(seq) => set.insert_whole(Whole {
+                seq,
+                size,
+                addr,
+                id,
+            }),
+        }
         self.len += 1;
     }
 
     /// Removes a free block.
     #[inline]
-    pub fn remove(&mut self, s: S, size: u64, addr: u64) -> Option<BlockId> {
-        let r = self.set_mut(s).remove(fkey(size, addr));
+    /// `whole` as given to [`FreeSet::insert`].
+    pub fn remove(&mut self, s: S, size: u64, addr: u64, whole: Option<u64>) -> Option<BlockId> {
+        let set = self.set_mut(s);
+        let r = match whole {
+            None => set.remove(fkey(size, addr)),
+            Some(seq) => set.remove_whole(seq, addr),
+        };
         if r.is_some() {
             self.len -= 1;
         }
@@ -548,29 +629,184 @@ impl<S: Copy + Ord> FreeSet<S> {
 
     /// The block stored under this key.
     pub fn get(&self, s: S, size: u64, addr: u64) -> Option<BlockId> {
-        self.set(s)?.get(fkey(size, addr))
+        let set = self.set(s)?;
+        set.get(fkey(size, addr)).or_else(|| {
+            set.whole
+                .iter()
+                .find(|w| w.size == size && w.addr == addr)
+                .map(|w| w.id)
+        })
     }
 
     /// Removes and returns the smallest block of stream `s` with size ≥
-    /// `size` (lowest address first) if `accept(block size)` holds.
+    /// `size` (lowest address first) if `accept(block size)` holds; failing
+    /// that, the oldest dormant segment with size ≥ `size` that `accept`
+    /// takes. The block counts as handed out ([`FreeSet::note_out`]).
     #[inline]
     pub fn take_first_at_least(
         &mut self,
         s: S,
         size: u64,
-        accept: impl FnOnce(u64) -> bool,
+        accept: impl Fn(u64) -> bool,
     ) -> Option<(u64, u64, BlockId)> {
         let set = &mut self.streams.iter_mut().find(|e| e.0 == s)?.1;
-        let (k, id) = set.take_first_at_least(fkey(size, 0), |k| accept(unkey(k).0))?;
+        let (k, id) = match set.take_first_at_least(fkey(size, 0), |k| accept(unkey(k).0)) {
+            Some(hit) => hit,
+            None => {
+                // `placement:steady`: the oldest dormant segment that fits
+                let at = set
+                    .whole
+                    .iter()
+                    .position(|w| w.size >= size && accept(w.size))?;
+                let w = set.whole.remove(at);
+                (fkey(w.size, w.addr), w.id)
+            }
+        };
+        set.out = set.out.saturating_add(1);
         self.len -= 1;
         let (sz, a) = unkey(k);
         Some((sz, a, id))
     }
 
+    /// Counts a block of stream `s` handed out from this pool.
+    #[inline]
+    pub fn note_out(&mut self, s: S) {
+        let set = self.set_mut(s);
+        set.out = set.out.saturating_add(1);
+    }
+
+    /// Counts a block of stream `s` back without inserting it (its stream changes).
+    pub fn note_back_only(&mut self, s: S) {
+        let set = self.set_mut(s);
+        set.out = set.out.saturating_sub(1);
+    }
+
+    /// Inserts a block handed out earlier and counts it back. `steady`:
+    /// `placement:steady` applies to this pool; `whole`: the block's segment
+    /// age when it is a whole segment. When none of the stream's blocks is
+    /// out any more (the stream has drained this pool), a whole segment
+    /// that is the only active free block goes straight to the dormant list
+    /// ([`Back::Dormant`]); otherwise the caller makes the set dormant
+    /// ([`Back::Drained`]).
+    #[inline]
+    pub fn insert_back(
+        &mut self,
+        s: S,
+        size: u64,
+        addr: u64,
+        id: BlockId,
+        steady: bool,
+        whole: Option<u64>,
+    ) -> Back {
+        debug_assert!(self.get(s, size, addr).is_none());
+        self.len += 1;
+        let set = self.set_mut(s);
+        set.out = set.out.saturating_sub(1);
+        if set.out == 0 && steady {
+            if let Some(seq) = whole
+                && set.tree.len == 0
+                && set.recent.is_none()
+            {
+                set.insert_whole(Whole {
+                    seq,
+                    size,
+                    addr,
+                    id,
+                });
+                return Back::Dormant;
+            }
+            set.insert(fkey(size, addr), id);
+            return Back::Drained;
+        }
+        set.insert(fkey(size, addr), id);
+        Back::Kept
+    }
+
+    /// Checks that the dormant lists are in age order and hold exactly the
+    /// blocks flagged dormant (`info(id)` = (dormant flag, segment age)).
+    pub fn check_dormant(&self, info: impl Fn(BlockId) -> (bool, u64)) -> Result<(), String> {
+        for (_, set) in &self.streams {
+            if !set.whole.is_sorted_by_key(|w| w.seq) {
+                return Err("dormant list out of age order".into());
+            }
+            for w in &set.whole {
+                if info(w.id) != (true, w.seq) {
+                    return Err(format!("block {} in a dormant list is not dormant", w.id));
+                }
+            }
+            let mut bad = None;
+            set.tree.for_each(|_, _, id| {
+                if info(id).0 {
+                    bad = Some(id);
+                }
+            });
+            if let Some((_, id)) = set.recent
+                && info(id).0
+            {
+                bad = Some(id);
+            }
+            if let Some(id) = bad {
+                return Err(format!("dormant block {id} outside its dormant list"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves every dormant segment back among the other free blocks; returns their ids.
+    pub fn wake_all(&mut self) -> Vec<BlockId> {
+        let mut woken = Vec::new();
+        for (_, set) in &mut self.streams {
+            for w in std::mem::take(&mut set.whole) {
+                set.insert(fkey(w.size, w.addr), w.id);
+                woken.push(w.id);
+            }
+        }
+        woken
+    }
+
+    /// Blocks of stream `s` out of this pool (see [`FreeSet::note_out`]).
+    pub fn out(&self, s: S) -> u32 {
+        self.set(s).map_or(0, |set| set.out)
+    }
+
+    /// Moves the blocks of stream `s` for which `seq` gives a segment age
+    /// (whole free segments) to the dormant list; returns their ids.
+    pub fn make_dormant(
+        &mut self,
+        s: S,
+        seq: impl Fn(BlockId) -> Option<u64>,
+        moved: &mut Vec<BlockId>,
+    ) {
+        let set = self.set_mut(s);
+        let mut all = Vec::with_capacity(set.tree.len + 1);
+        set.tree.for_each(|sz, a, id| all.push((sz, a, id)));
+        if let Some((k, id)) = set.recent {
+            let (sz, a) = unkey(k);
+            all.push((sz, a, id));
+        }
+        for (size, addr, id) in all {
+            if let Some(q) = seq(id) {
+                let got = set.remove(fkey(size, addr));
+                debug_assert_eq!(got, Some(id));
+                set.insert_whole(Whole {
+                    seq: q,
+                    size,
+                    addr,
+                    id,
+                });
+                moved.push(id);
+            }
+        }
+    }
+
     /// Smallest block of stream `s` with size ≥ `size`, lowest address first.
     #[inline]
     pub fn first_at_least(&self, s: S, size: u64) -> Option<(u64, u64, BlockId)> {
-        let (k, id) = self.set(s)?.first_at_least(fkey(size, 0))?;
+        let set = self.set(s)?;
+        let (k, id) = match (set.first_at_least(fkey(size, 0)), set.best_whole(size)) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b)?,
+        };
         let (sz, a) = unkey(k);
         Some((sz, a, id))
     }
@@ -752,6 +988,8 @@ pub(crate) struct Inner<B: Backend> {
     pub allowed_max: Option<u64>,
     /// Memory history, `None` when off.
     pub history: Option<Box<History>>,
+    /// Segments created so far (each segment's `seq`).
+    pub next_seq: u64,
 }
 
 impl<B: Backend> Inner<B> {
@@ -787,6 +1025,7 @@ impl<B: Backend> Inner<B> {
             memory_fraction: config.per_process_memory_fraction,
             allowed_max: None,
             history: None,
+            next_seq: 0,
             config,
         };
         s.update_allowed();
@@ -838,18 +1077,47 @@ impl<B: Backend> Inner<B> {
             .expect("block refers to a live pool")
     }
 
+    /// The key under which a free block is filed apart as a dormant whole
+    /// segment: its segment's age.
+    #[inline]
+    pub(crate) fn whole_key(&self, b: &Block<B::Stream>) -> Option<u64> {
+        b.dormant.then_some(b.seq)
+    }
+
     /// Puts a free block in its pool's free set (keyed by its stream).
     #[inline]
     pub(crate) fn insert_free(&mut self, id: BlockId) {
         let b = &self.blocks[id as usize];
         let (st, size, addr) = (b.stream, b.size, b.addr);
         let (pool, small) = (b.pool, b.small);
+        let whole = self.whole_key(b);
         let p = self.pool_mut(pool).get(small);
         let gc = p.gc_calls;
-        p.free.insert(st, size, addr, id);
+        p.free.insert(st, size, addr, id, whole);
         let b = &mut self.blocks[id as usize];
         b.gc_base = gc;
         b.state = BState::Free;
+    }
+
+    /// [`Inner::insert_free`] for a block coming back from its user (see
+    /// [`FreeSet::insert_back`]).
+    #[inline]
+    fn insert_free_back(&mut self, id: BlockId) -> Back {
+        let b = &self.blocks[id as usize];
+        debug_assert!(!b.dormant);
+        let (st, size, addr) = (b.stream, b.size, b.addr);
+        let (pool, small) = (b.pool, b.small);
+        // placement:steady applies to the default pool
+        let steady = pool == 0 && self.config.placement == Placement::Steady;
+        let whole = (!b.is_split()).then_some(b.seq);
+        let p = self.pool_mut(pool).get(small);
+        let gc = p.gc_calls;
+        let back = p.free.insert_back(st, size, addr, id, steady, whole);
+        let b = &mut self.blocks[id as usize];
+        b.gc_base = gc;
+        b.state = BState::Free;
+        b.dormant = back == Back::Dormant;
+        back
     }
 
     #[inline]
@@ -857,8 +1125,14 @@ impl<B: Backend> Inner<B> {
         let b = &self.blocks[id as usize];
         let (st, size, addr) = (b.stream, b.size, b.addr);
         let (pool, small) = (b.pool, b.small);
-        let removed = self.pool_mut(pool).get(small).free.remove(st, size, addr);
+        let whole = self.whole_key(b);
+        let removed = self
+            .pool_mut(pool)
+            .get(small)
+            .free
+            .remove(st, size, addr, whole);
         debug_assert_eq!(removed, Some(id));
+        self.blocks[id as usize].dormant = false;
     }
 
     // ----- pool choice -----
@@ -942,9 +1216,9 @@ impl<B: Backend> Inner<B> {
                 bsize < size.saturating_add(max_nsr)
             }
         };
-        pool.free
-            .take_first_at_least(p.stream, size, accept)
-            .map(|(_, _, id)| id)
+        let (_, _, id) = pool.free.take_first_at_least(p.stream, size, accept)?;
+        self.blocks[id as usize].dormant = false;
+        Some(id)
     }
 
     /// Gets a new segment from the device (PyTorch's `alloc_block`).
@@ -974,7 +1248,11 @@ impl<B: Backend> Inner<B> {
         }
         self.stats.num_device_alloc += 1;
         self.pool_mut(p.pool).segments += 1;
-        let id = self.new_block(Block::free(ptr, size, p.stream, p.pool, p.small, NIL, NIL));
+        self.next_seq += 1;
+        let id = self.new_block(Block {
+            seq: self.next_seq,
+            ..Block::free(ptr, size, p.stream, p.pool, p.small, NIL, NIL)
+        });
         self.segments.insert(
             ptr,
             Segment {
@@ -983,6 +1261,7 @@ impl<B: Backend> Inner<B> {
                 oversize,
             },
         );
+        self.pool_mut(p.pool).get(p.small).free.note_out(p.stream);
         self.trace(TraceAction::SegmentAlloc, ptr, size, p.stream);
         tracing::debug!(size, ptr, "device segment allocated");
         Ok(Some(id))
@@ -1012,6 +1291,7 @@ impl<B: Backend> Inner<B> {
                 id,
                 b.next,
             );
+            let rem = Block { seq: b.seq, ..rem };
             let rem_size = rem.size;
             let next = rem.next;
             let rid = self.new_block(rem);
@@ -1115,7 +1395,10 @@ impl<B: Backend> Inner<B> {
             b.requested = 0;
             b.event_count = 0;
         }
-        self.insert_free(id);
+        if self.insert_free_back(id) == Back::Drained {
+            let b = &self.blocks[id as usize];
+            self.make_dormant(b.pool, b.small, stream);
+        }
         if self.blocks[id as usize].is_split() {
             net_split += 1;
             net_split_bytes += self.blocks[id as usize].size as i64;
@@ -1129,6 +1412,34 @@ impl<B: Backend> Inner<B> {
         s.active_bytes.decrease(st, orig_size);
         s.requested_bytes.decrease(st, requested);
         id
+    }
+
+    /// `placement:steady`: the stream has no block out of this default pool
+    /// any more, so its whole free segments become dormant: taken again
+    /// oldest first, and only when no other free block fits. A stream that
+    /// runs the same work again thus takes its segments in the order it
+    /// created them and replays its earlier placement, with no device call.
+    /// (Private pools keep PyTorch's placement.)
+    #[cold]
+    fn make_dormant(&mut self, pool: PoolIdx, small: bool, stream: B::Stream) {
+        let blocks = &self.blocks;
+        let mut moved = Vec::new();
+        self.pools[pool as usize]
+            .as_mut()
+            .expect("live pool")
+            .get(small)
+            .free
+            .make_dormant(
+                stream,
+                |id| {
+                    let b = &blocks[id as usize];
+                    (!b.is_split()).then_some(b.seq)
+                },
+                &mut moved,
+            );
+        for id in moved {
+            self.blocks[id as usize].dormant = true;
+        }
     }
 
     /// Returns a whole free segment to the device (PyTorch's `release_block`).
@@ -1239,6 +1550,7 @@ impl<B: Backend> Inner<B> {
             if ok {
                 self.remove_free(id);
                 self.blocks[id as usize].stream = p.stream;
+                self.pool_mut(p.pool).get(p.small).free.note_out(p.stream);
                 tracing::debug!(?s, to = ?p.stream, "reusing an idle stream's cached segment");
                 return Ok(Some(id));
             }
@@ -1615,6 +1927,7 @@ impl<B: Backend> Inner<B> {
         if !self.captures.is_empty()
             && let Some(id) = self.cross_stream_reuse(backend, &p)?
         {
+            self.pool_mut(p.pool).get(p.small).free.note_out(p.stream);
             return Ok(AllocOutcome::Ok(self.alloc_found_block(id, &p)));
         }
         self.malloc_slow(backend, &p)
@@ -1816,6 +2129,17 @@ impl<B: Backend> Inner<B> {
         self.config.apply(s)?;
         self.memory_fraction = self.config.per_process_memory_fraction;
         self.update_allowed();
+        if self.config.placement == Placement::PyTorch {
+            // PyTorch's best fit sees every free block
+            let mut woken = Vec::new();
+            for pool in self.pools.iter_mut().flatten() {
+                woken.extend(pool.small.free.wake_all());
+                woken.extend(pool.large.free.wake_all());
+            }
+            for id in woken {
+                self.blocks[id as usize].dormant = false;
+            }
+        }
         Ok(())
     }
 
@@ -2004,7 +2328,7 @@ mod tests {
                 match lcg(&mut rng) % 4 {
                     0 | 1 => {
                         next_addr += 1 << 20;
-                        set.insert(stream, size, next_addr, step);
+                        set.insert(stream, size, next_addr, step, None);
                         model.insert((stream, size, next_addr));
                     }
                     2 => {
@@ -2022,8 +2346,8 @@ mod tests {
                             .nth(lcg(&mut rng) as usize % model.len().max(1))
                         {
                             assert!(set.get(e.0, e.1, e.2).is_some());
-                            assert!(set.remove(e.0, e.1, e.2).is_some());
-                            assert!(set.remove(e.0, e.1, e.2).is_none());
+                            assert!(set.remove(e.0, e.1, e.2, None).is_some());
+                            assert!(set.remove(e.0, e.1, e.2, None).is_none());
                             model.remove(&e);
                         }
                     }

@@ -1,0 +1,126 @@
+//! `placement:steady` (the default) against `placement:pytorch`: once a
+//! stream has no block out of the default pool, its whole free segments are
+//! taken again oldest first, so a workload that runs again replays its
+//! first run's placement and makes no device call.
+
+use cachalot_conformance::mock::{Dev, MIB};
+use cachalot_mock::MockStream;
+
+/// A deterministic workload: `n` allocations of sizes from 512 B to 48 MiB
+/// on two streams, each freed at a random later point, all freed at the end.
+/// Returns every address handed out, in order.
+fn workload(d: &Dev, streams: &[MockStream; 2], seed: u64, n: usize) -> Vec<u64> {
+    let mut x = seed;
+    let mut next = || {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        x >> 33
+    };
+    let mut live: Vec<u64> = Vec::new();
+    let mut handed = Vec::new();
+    for _ in 0..n {
+        if !live.is_empty() && next() % 100 < 45 {
+            let i = next() as usize % live.len();
+            d.free(live.swap_remove(i));
+        } else {
+            // log-uniform sizes
+            let bits = 9 + next() % 17;
+            let size = (1u64 << bits) + next() % (1u64 << bits);
+            let s = streams[(next() % 2) as usize];
+            let p = d.alloc_on(size, s);
+            handed.push(p);
+            live.push(p);
+        }
+    }
+    for p in live {
+        d.free(p);
+    }
+    handed
+}
+
+#[test]
+fn a_repeated_workload_replays_its_placement_with_no_device_call() {
+    for seed in 1..=4 {
+        let d = Dev::new("");
+        let st = [d.s0(), d.stream()];
+        let first = workload(&d, &st, seed, 2000);
+        let s = d.a.stats();
+        let (allocs, peak) = (s.num_device_alloc, s.reserved_bytes.all().peak);
+        for run in 2..=3 {
+            let again = workload(&d, &st, seed, 2000);
+            let diverge = again.iter().zip(&first).position(|(a, b)| a != b);
+            assert_eq!(
+                (again.len(), diverge),
+                (first.len(), None),
+                "seed {seed} run {run}: same addresses"
+            );
+            let s = d.a.stats();
+            assert_eq!(s.num_device_alloc, allocs, "seed {seed} run {run}");
+            assert_eq!(s.num_device_free, 0);
+            assert_eq!(s.reserved_bytes.all().peak, peak);
+        }
+    }
+}
+
+#[test]
+fn dormant_segments_are_taken_oldest_first() {
+    let d = Dev::new("");
+    // four segments, created in this order: 50, 30, 40, 30 MiB
+    let ps: Vec<u64> = [50, 30, 40, 30].iter().map(|&m| d.alloc(m * MIB)).collect();
+    for &p in &ps {
+        d.free(p);
+    }
+    // the stream drained: 25 MiB takes the oldest segment that fits (PyTorch
+    // takes a 30 MiB one), then the next oldest
+    assert_eq!(d.alloc(25 * MIB), ps[0]);
+    assert_eq!(d.alloc(35 * MIB), ps[2]);
+    // with blocks out, best fit over the segments in use comes first: the
+    // 25 MiB remainder of the 50 MiB segment
+    let q = d.alloc(20 * MIB);
+    assert_eq!(q, ps[0] + 25 * MIB);
+    // nothing in use fits: the oldest dormant segment that does
+    assert_eq!(d.alloc(28 * MIB), ps[1]);
+    assert_eq!(d.a.stats().num_device_alloc, 4);
+    d.check();
+
+    let p = Dev::new("placement:pytorch");
+    let qs: Vec<u64> = [50, 30, 40, 30].iter().map(|&m| p.alloc(m * MIB)).collect();
+    for &q in &qs {
+        p.free(q);
+    }
+    let got = p.alloc(25 * MIB);
+    assert!(
+        got == qs[1] || got == qs[3],
+        "PyTorch: best fit, a 30 MiB block"
+    );
+}
+
+#[test]
+fn switching_to_pytorch_wakes_dormant_segments() {
+    let d = Dev::new("");
+    let ps: Vec<u64> = [50, 30].iter().map(|&m| d.alloc(m * MIB)).collect();
+    for &p in &ps {
+        d.free(p);
+    }
+    d.a.set_config("placement:pytorch").expect("config");
+    d.check();
+    assert_eq!(d.alloc(25 * MIB), ps[1], "best fit again");
+    // empty_cache releases dormant segments like any other
+    let d = Dev::new("");
+    let ps: Vec<u64> = [50, 30].iter().map(|&m| d.alloc(m * MIB)).collect();
+    for &p in &ps {
+        d.free(p);
+    }
+    d.a.empty_cache().expect("empty_cache");
+    d.check();
+    let s = d.a.stats();
+    assert_eq!(s.reserved_bytes.all().current, 0);
+    assert_eq!(s.num_device_free, 2);
+}
+
+#[test]
+fn a_bad_placement_is_a_config_error() {
+    let err = cachalot_core::AllocatorConfig::parse("placement:first_fit").unwrap_err();
+    assert!(err.to_string().contains("placement"), "{err}");
+}
