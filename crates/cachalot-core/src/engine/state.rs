@@ -584,13 +584,16 @@ impl<S: Copy + Ord> FreeSet<S> {
     fn set_mut(&mut self, s: S) -> &mut StreamSet {
         let i = match self.streams.iter().position(|e| e.0 == s) {
             Some(i) => i,
-            None => {
-                let at = self.streams.partition_point(|e| e.0 < s);
-                self.streams.insert(at, (s, StreamSet::default()));
-                at
-            }
+            None => self.add_stream(s),
         };
         &mut self.streams[i].1
+    }
+
+    #[cold]
+    fn add_stream(&mut self, s: S) -> usize {
+        let at = self.streams.partition_point(|e| e.0 < s);
+        self.streams.insert(at, (s, StreamSet::default()));
+        at
     }
 
     /// Inserts a free block (the key must not be present).
