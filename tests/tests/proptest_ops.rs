@@ -33,6 +33,8 @@ const CONFIGS: &[&str] = &[
     "idle_stream_reuse:True",
     "roundup_power2_divisions:[1:2,>:8],max_split_size_mb:64,max_non_split_rounding_mb:30",
     "large_segment_size_mb:12",
+    "placement:pytorch",
+    "placement:steady",
 ];
 
 fn size() -> impl Strategy<Value = u64> {
