@@ -354,10 +354,17 @@ pub fn replay_pass<B: Backend>(
     trace: &Trace,
     ptr: &mut [u64],
 ) -> Result<(), Error> {
+    // stream index → stream, once (no division per operation)
+    let map: Vec<B::Stream> = (0..trace.num_streams.max(1) as usize)
+        .map(|i| streams[i % streams.len()])
+        .collect();
     for op in &trace.ops {
         match *op {
             Op::Alloc { id, size, stream } => {
-                let s = streams[stream as usize % streams.len()];
+                let s = match map.get(stream as usize) {
+                    Some(&s) => s,
+                    None => streams[stream as usize % streams.len()],
+                };
                 ptr[id as usize] = alloc.allocate(size, s)?;
             }
             Op::Free { id } => {

@@ -17,9 +17,11 @@ pub(crate) struct AddrTable {
 
 #[inline]
 fn hash(addr: u64) -> usize {
-    // addresses are multiples of 512: drop the zero bits, then mix
+    // addresses are multiples of 512: drop the zero bits, then Fibonacci
+    // hashing; the slot index takes the product's top bits (`mask` is
+    // applied to this value rotated down), which mix every input bit
     let x = (addr >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    (x ^ (x >> 29)) as usize
+    x.rotate_left(32) as usize
 }
 
 impl Default for AddrTable {
@@ -66,7 +68,7 @@ impl AddrTable {
     #[inline]
     pub fn insert(&mut self, addr: u64, id: BlockId) {
         debug_assert_ne!(addr, EMPTY);
-        if (self.len + 1) * 2 > self.slots.len() {
+        if (self.len + 1) * 4 > self.slots.len() {
             self.grow();
         }
         let mut i = hash(addr) & self.mask;
