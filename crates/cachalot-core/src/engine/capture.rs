@@ -387,6 +387,9 @@ pub(crate) struct CaptureScratch<S, N> {
     /// at every reclaim step; `cross_stream_reuse`, later in the same
     /// malloc, uses it instead of asking the backend again.
     current: Option<(S, u64, bool)>,
+    /// The capture status and id the reclaim step of the current malloc
+    /// got for its stream; the pool choice uses it instead of a second query.
+    pub(crate) queried: Option<(S, CaptureStatus, u64)>,
     /// The cross-stream search's buffers: each stream's next candidate
     /// (size, address, stream, block), the blocks held out of the free set,
     /// and which streams capture here.
@@ -398,17 +401,21 @@ pub(crate) struct CaptureScratch<S, N> {
     /// Terminals of any other stream queried (free markers, logged frees,
     /// capture membership).
     other: Vec<N>,
+    /// Terminals asked for by the pool choice (not used; kept for its capacity).
+    pub(crate) pool_terminals: Vec<N>,
 }
 
 impl<S, N> Default for CaptureScratch<S, N> {
     fn default() -> Self {
         Self {
             current: None,
+            queried: None,
             heads: Vec::new(),
             held: Vec::new(),
             member: Vec::new(),
             terminals: Vec::new(),
             other: Vec::new(),
+            pool_terminals: Vec::new(),
         }
     }
 }
@@ -691,6 +698,7 @@ impl<B: Backend> Inner<B> {
         }
         let (status, capture) =
             backend.capture_state(stream, &mut self.capture_scratch.terminals)?;
+        self.capture_scratch.queried = Some((stream, status, capture));
         if status != CaptureStatus::Active || self.capture_scratch.terminals.is_empty() {
             return Ok(());
         }

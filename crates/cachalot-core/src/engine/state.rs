@@ -1164,26 +1164,33 @@ impl<B: Backend> Inner<B> {
 
     /// The pool pair for an allocation on `stream` (spec 2.3).
     pub fn choose_pool(&mut self, backend: &B, stream: B::Stream) -> Result<PoolIdx, Error> {
-        let mut mine: Option<crate::backend::CaptureInfo<B::Node>> = None;
+        // status and id of `stream`: from this malloc's reclaim step if it
+        // asked, else asked here once
+        let mut mine: Option<(crate::backend::CaptureStatus, u64)> = self
+            .capture_scratch
+            .queried
+            .take()
+            .filter(|q| q.0 == stream)
+            .map(|q| (q.1, q.2));
         for ci in (0..self.captures.len()).rev() {
             let hit = match self.captures[ci].filter.clone() {
                 PoolFilter::Streams(v) => v.contains(&stream),
                 PoolFilter::CaptureId(id) => {
-                    let info = match &mine {
+                    let info = match mine {
                         Some(i) => i,
-                        None => mine.insert(backend.capture_info(stream)?),
+                        None => *mine.insert(self.capture_status(backend, stream)?),
                     };
-                    info.status == crate::backend::CaptureStatus::Active && info.id == id
+                    info.0 == crate::backend::CaptureStatus::Active && info.1 == id
                 }
                 PoolFilter::CaptureOf(origin) => {
-                    let info = match &mine {
+                    let info = match mine {
                         Some(i) => i,
-                        None => mine.insert(backend.capture_info(stream)?),
+                        None => *mine.insert(self.capture_status(backend, stream)?),
                     };
-                    if info.status != crate::backend::CaptureStatus::Active {
+                    if info.0 != crate::backend::CaptureStatus::Active {
                         false
                     } else {
-                        let id = info.id;
+                        let id = info.1;
                         let want = match self.captures[ci].resolved {
                             Some(r) => r,
                             None => {
@@ -1205,6 +1212,19 @@ impl<B: Backend> Inner<B> {
             }
         }
         Ok(0)
+    }
+
+    /// Capture status and id of `stream` (no allocation: the terminals go
+    /// into a scratch buffer).
+    fn capture_status(
+        &mut self,
+        backend: &B,
+        stream: B::Stream,
+    ) -> Result<(crate::backend::CaptureStatus, u64), Error> {
+        let mut buf = std::mem::take(&mut self.capture_scratch.pool_terminals);
+        let r = backend.capture_state(stream, &mut buf);
+        self.capture_scratch.pool_terminals = buf;
+        Ok(r?)
     }
 
     // ----- the allocation path -----
@@ -1935,6 +1955,7 @@ impl<B: Backend> Inner<B> {
         stream: B::Stream,
     ) -> Result<AllocOutcome, Error> {
         debug_assert!(size > 0 && size < MAX_REQUEST);
+        self.capture_scratch.queried = None;
         if self.captures.is_empty() {
             self.process_events(backend)?;
         } else if self.config.graph_capture_record_stream_reuse != CaptureReuse::Off {
