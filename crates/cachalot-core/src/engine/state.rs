@@ -1465,6 +1465,16 @@ impl<B: Backend> Inner<B> {
     /// runs the same work again thus takes its segments in the order it
     /// created them and replays its earlier placement, with no device call.
     /// (Private pools keep PyTorch's placement.)
+    ///
+    /// Why the replay is exact: say the first run created segments s1, s2, …
+    /// in that order and the second run has made the same choices so far.
+    /// Then the segments it has taken again are exactly those the first run
+    /// had created by now, in the same state, and every later one is still
+    /// dormant and whole. Best fit over the active blocks chooses as the
+    /// first run did; where the first run found nothing and created s(k+1)
+    /// (sized for this request), the oldest dormant segment that fits is
+    /// s(k+1) itself. A drain in the middle moves the same segments plus
+    /// later, younger ones, which come after them in age order.
     #[cold]
     fn make_dormant(&mut self, pool: PoolIdx, small: bool, stream: B::Stream) {
         let blocks = &self.blocks;
