@@ -6,10 +6,19 @@
 use cachalot_conformance::mock::{Dev, MIB};
 use cachalot_mock::MockStream;
 
-/// A deterministic workload: `n` allocations of sizes from 512 B to 48 MiB
-/// on two streams, each freed at a random later point, all freed at the end.
-/// Returns every address handed out, in order.
-fn workload(d: &Dev, streams: &[MockStream; 2], seed: u64, n: usize) -> Vec<u64> {
+/// A deterministic workload: `n` operations on two streams, each freeing a
+/// random live block with probability `pfree`% and otherwise allocating
+/// 512 B to 32 MiB (log-uniform); everything left is freed at the end.
+/// `checked`: through the helpers that run the invariant checker after
+/// every operation. Returns every address handed out, in order.
+fn workload(
+    d: &Dev,
+    streams: &[MockStream; 2],
+    seed: u64,
+    n: usize,
+    pfree: u64,
+    checked: bool,
+) -> Vec<u64> {
     let mut x = seed;
     let mut next = || {
         x = x
@@ -17,24 +26,34 @@ fn workload(d: &Dev, streams: &[MockStream; 2], seed: u64, n: usize) -> Vec<u64>
             .wrapping_add(1442695040888963407);
         x >> 33
     };
+    let free = |p: u64| {
+        if checked {
+            d.free(p)
+        } else {
+            d.a.free(p).expect("free")
+        }
+    };
     let mut live: Vec<u64> = Vec::new();
     let mut handed = Vec::new();
     for _ in 0..n {
-        if !live.is_empty() && next() % 100 < 45 {
+        if !live.is_empty() && next() % 100 < pfree {
             let i = next() as usize % live.len();
-            d.free(live.swap_remove(i));
+            free(live.swap_remove(i));
         } else {
-            // log-uniform sizes
             let bits = 9 + next() % 17;
             let size = (1u64 << bits) + next() % (1u64 << bits);
             let s = streams[(next() % 2) as usize];
-            let p = d.alloc_on(size, s);
+            let p = if checked {
+                d.alloc_on(size, s)
+            } else {
+                d.a.allocate(size, s).expect("allocation")
+            };
             handed.push(p);
             live.push(p);
         }
     }
     for p in live {
-        d.free(p);
+        free(p);
     }
     handed
 }
@@ -44,11 +63,11 @@ fn a_repeated_workload_replays_its_placement_with_no_device_call() {
     for seed in 1..=4 {
         let d = Dev::new("");
         let st = [d.s0(), d.stream()];
-        let first = workload(&d, &st, seed, 2000);
+        let first = workload(&d, &st, seed, 2000, 45, true);
         let s = d.a.stats();
         let (allocs, peak) = (s.num_device_alloc, s.reserved_bytes.all().peak);
         for run in 2..=3 {
-            let again = workload(&d, &st, seed, 2000);
+            let again = workload(&d, &st, seed, 2000, 45, true);
             let diverge = again.iter().zip(&first).position(|(a, b)| a != b);
             assert_eq!(
                 (again.len(), diverge),
@@ -135,30 +154,6 @@ fn a_bad_placement_is_a_config_error() {
 /// no such limit.
 #[test]
 fn drain_heavy_random_programs_stay_near_best_fit() {
-    fn program(d: &Dev, streams: &[MockStream; 2], seed: u64, pfree: u64) {
-        let mut x = seed;
-        let mut next = || {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            x >> 33
-        };
-        let mut live: Vec<u64> = Vec::new();
-        for _ in 0..3000 {
-            if !live.is_empty() && next() % 100 < pfree {
-                let i = next() as usize % live.len();
-                d.a.free(live.swap_remove(i)).expect("free");
-            } else {
-                let bits = 9 + next() % 17;
-                let size = (1u64 << bits) + next() % (1u64 << bits);
-                let s = streams[(next() % 2) as usize];
-                live.push(d.a.allocate(size, s).expect("allocation"));
-            }
-        }
-        for p in live {
-            d.a.free(p).expect("free");
-        }
-    }
     for pfree in [45u64, 49, 50] {
         let mut peak = [0i64; 2];
         for seed in 1..=20 {
@@ -166,7 +161,7 @@ fn drain_heavy_random_programs_stay_near_best_fit() {
                 let d = Dev::new(cfg);
                 let st = [d.s0(), d.stream()];
                 for _ in 0..3 {
-                    program(&d, &st, seed, pfree);
+                    workload(&d, &st, seed, 3000, pfree, false);
                 }
                 d.check();
                 peak[k] += d.a.stats().reserved_bytes.all().peak;
