@@ -13,6 +13,8 @@
 #   BENCH_BINARIES=1         also run every binary under bench/ (criterion: --bench)
 #   RESULTS=results          where the JSON lines are written
 #   WARMUP=1                 replay every trace once per allocator first, discarded
+#   ROUNDS=3                 replay rounds (ours, then PyTorch's, per round); the
+#                            table shows medians and each round's ratio
 # Our commands are expected to print one JSON line per trace with the keys of
 # cca_replay ("trace", "warm_ns_per_op", "peak_reserved", ...) and one per
 # thread count with the keys of cca_threads ("threads", "mops_per_s").
@@ -65,15 +67,22 @@ if [ ${#TRACES[@]} -gt 0 ] && [ "${WARMUP:-1}" = 1 ]; then
   { [ -x bin/cachalot ] || [ -n "${CACHALOT_REPLAY:-}" ]; } && $OURS_REPLAY "${TRACES[@]}" >/dev/null 2>&1
   [ -x build/cca_replay ] && build/cca_replay --passes=2 "${TRACES[@]}" >/dev/null 2>&1
 fi
+# ROUNDS rounds, each ours then PyTorch's: a machine's speed drifts over a
+# minute (PyTorch's own figure moved 1.5-2.2x between back-to-back runs), so
+# the table compares medians over the rounds and shows each round's ratio.
+ROUNDS=${ROUNDS:-3}
 if [ ${#TRACES[@]} -gt 0 ]; then
-  if [ -x bin/cachalot ] || [ -n "${CACHALOT_REPLAY:-}" ]; then
-    $OURS_REPLAY "${TRACES[@]}" | grep --line-buffered '^{' | tag cachalot | tee "$RESULTS/cachalot-replay.jsonl"
-  else
-    echo "bench.sh: bin/cachalot missing; our replay skipped"
-  fi
-  if [ -x build/cca_replay ]; then
-    build/cca_replay --passes="$PASSES" "${TRACES[@]}" | grep --line-buffered '^{' | tag pytorch | tee "$RESULTS/pytorch-replay.jsonl"
-  fi
+  for round in $(seq 1 "$ROUNDS"); do
+    echo "bench.sh: replay round $round of $ROUNDS"
+    if [ -x bin/cachalot ] || [ -n "${CACHALOT_REPLAY:-}" ]; then
+      $OURS_REPLAY "${TRACES[@]}" | grep --line-buffered '^{' | tag cachalot | tee -a "$RESULTS/cachalot-replay.jsonl"
+    else
+      echo "bench.sh: bin/cachalot missing; our replay skipped"
+    fi
+    if [ -x build/cca_replay ]; then
+      build/cca_replay --passes="$PASSES" "${TRACES[@]}" | grep --line-buffered '^{' | tag pytorch | tee -a "$RESULTS/pytorch-replay.jsonl"
+    fi
+  done
 fi
 
 # --- threads -----------------------------------------------------------------
@@ -93,9 +102,10 @@ fi
 
 # --- table -------------------------------------------------------------------
 python3 - "$RESULTS" <<'PY' || echo "bench.sh: python3 unavailable, no table"
-import json, os, sys
+import json, os, statistics, sys
 d = sys.argv[1]
 def load(name, key):
+    """key -> every JSON line with that key, in file order (one per round)."""
     out = {}
     try:
         for line in open(os.path.join(d, name)):
@@ -106,25 +116,30 @@ def load(name, key):
             k = j.get(key)
             if k is not None:
                 k = os.path.basename(str(k))
-                out[k[:-6] if k.endswith(".trace") else k] = j
+                out.setdefault(k[:-6] if k.endswith(".trace") else k, []).append(j)
     except OSError:
         pass
     return out
 ours, torch = load("cachalot-replay.jsonl", "trace"), load("pytorch-replay.jsonl", "trace")
+def med(rows, f):
+    v = [r[f] for r in rows if r.get(f) is not None]
+    return statistics.median(v) if v else None
 def mib(v): return "-" if v is None else "%.1f" % (v / 2**20)
 def num(v, f="%.1f"): return "-" if v is None else f % v
 if ours or torch:
-    print("\n%-28s %12s %12s %7s %14s %14s %7s" % ("trace", "ours ns/op", "torch ns/op", "speed", "ours peakMiB", "torch peakMiB", "ratio"))
+    print("\n%-22s %10s %10s %7s %15s %13s %13s %11s" % ("trace", "ours ns/op", "torch", "ratio", "round ratios", "ours peakMiB", "torch peakMiB", "allocs o/t"))
     for t in sorted(set(ours) | set(torch)):
-        o, p = ours.get(t, {}), torch.get(t, {})
-        ow, pw = o.get("warm_ns_per_op"), p.get("warm_ns_per_op")
-        orr, prr = o.get("peak_reserved"), p.get("peak_reserved")
-        sp = "%.2fx" % (pw / ow) if ow and pw else "-"
-        ra = "%.3f" % (orr / prr) if orr and prr else "-"
-        print("%-28s %12s %12s %7s %14s %14s %7s" % (t, num(ow), num(pw), sp, mib(orr), mib(prr), ra))
+        o, p = ours.get(t, []), torch.get(t, [])
+        ow, pw = med(o, "warm_ns_per_op"), med(p, "warm_ns_per_op")
+        rr = [a["warm_ns_per_op"] / b["warm_ns_per_op"] for a, b in zip(o, p) if b.get("warm_ns_per_op")]
+        rounds = "%.2f-%.2f" % (min(rr), max(rr)) if rr else "-"
+        ra = "%.2fx" % (ow / pw) if ow and pw else "-"
+        orr, prr = med(o, "peak_reserved"), med(p, "peak_reserved")
+        al = "%s/%s" % (o[-1].get("device_allocs_all", "-") if o else "-", p[-1].get("device_allocs_all", "-") if p else "-")
+        print("%-22s %10s %10s %7s %15s %13s %13s %11s" % (t, num(ow), num(pw), ra, rounds, mib(orr), mib(prr), al))
 ot, pt = load("cachalot-threads.jsonl", "threads"), load("pytorch-threads.jsonl", "threads")
 if ot or pt:
     print("\n%-8s %14s %14s" % ("threads", "ours Mops/s", "torch Mops/s"))
     for t in sorted(set(ot) | set(pt), key=int):
-        print("%-8s %14s %14s" % (t, num(ot.get(t, {}).get("mops_per_s"), "%.3f"), num(pt.get(t, {}).get("mops_per_s"), "%.3f")))
+        print("%-8s %14s %14s" % (t, num(med(ot.get(t, []), "mops_per_s"), "%.3f"), num(med(pt.get(t, []), "mops_per_s"), "%.3f")))
 PY
