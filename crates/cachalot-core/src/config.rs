@@ -40,11 +40,11 @@ pub enum CaptureReuse {
 /// Which free block an allocation takes (key `placement`, a cachalot extension).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Placement {
-    /// Best fit among blocks of partly used segments, then the *oldest* whole
-    /// free segment that fits, then a new segment. The choice depends only
-    /// on segments in creation order, so a workload that frees everything
-    /// and runs again replays its first run's placement exactly: no device
-    /// call after the first pass.
+    /// PyTorch's best fit while a stream has blocks out of the default pool;
+    /// once it has none, its whole free segments turn dormant and are taken
+    /// again oldest first, only when no other free block fits. Work that
+    /// runs again after such a drain replays its first run's placement
+    /// exactly: no device call after the first pass.
     #[default]
     Steady,
     /// PyTorch's best fit over all free blocks of the stream, (size, address) order.

@@ -18,8 +18,8 @@ pub(crate) struct AddrTable {
 #[inline]
 fn hash(addr: u64) -> usize {
     // addresses are multiples of 512: drop the zero bits, then Fibonacci
-    // hashing; the slot index takes the product's top bits (`mask` is
-    // applied to this value rotated down), which mix every input bit
+    // hashing; rotated so that `mask` keeps the product's bits from 32 up,
+    // which depend on every input bit (the low bits depend on low bits only)
     let x = (addr >> 9).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     x.rotate_left(32) as usize
 }

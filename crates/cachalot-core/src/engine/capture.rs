@@ -645,8 +645,6 @@ impl<B: Backend> Inner<B> {
         true
     }
 
-    /// Whether `stream` captures into capture `capture` (answers cached in
-    /// `member` for one search).
     /// Whether free blocks of pool `pool` may move between the streams of
     /// capture `capture`: the capture's free log is intact, `pool` is the
     /// capture's pool, and no stream-filtered (eager, unlogged) allocation
@@ -662,6 +660,8 @@ impl<B: Backend> Inner<B> {
         })
     }
 
+    /// Whether `stream` captures into capture `capture` (answers cached in
+    /// `member` for one search).
     fn in_capture(
         &mut self,
         backend: &B,

@@ -596,10 +596,10 @@ impl<S: Copy + Ord> FreeSet<S> {
         at
     }
 
-    /// Inserts a free block (the key must not be present).
+    /// Inserts a free block (the key must not be present). `whole`: the
+    /// segment's age for a dormant whole segment (kept apart, oldest first),
+    /// `None` for any other block.
     #[inline]
-    /// `whole`: the segment's age for a dormant whole segment (kept apart,
-    /// oldest first), `None` for any other block.
     pub fn insert(&mut self, s: S, size: u64, addr: u64, id: BlockId, whole: Option<u64>) {
         debug_assert!(self.get(s, size, addr).is_none());
         let set = self.set_mut(s);
@@ -615,9 +615,8 @@ impl<S: Copy + Ord> FreeSet<S> {
         self.len += 1;
     }
 
-    /// Removes a free block.
+    /// Removes a free block; `whole` as given to [`FreeSet::insert`].
     #[inline]
-    /// `whole` as given to [`FreeSet::insert`].
     pub fn remove(&mut self, s: S, size: u64, addr: u64, whole: Option<u64>) -> Option<BlockId> {
         let set = self.set_mut(s);
         let r = match whole {
