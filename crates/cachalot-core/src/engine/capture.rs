@@ -926,7 +926,7 @@ impl<B: Backend> Inner<B> {
                     found = Ok(Some(id));
                     break;
                 }
-                let wk = self.whole_key(&self.blocks[id as usize]);
+                let wk = self.blocks[id as usize].dormant_key();
                 let free = &mut self.pool_mut(p.pool).get(p.small).free;
                 let removed = free.remove(s, size, addr, wk);
                 debug_assert_eq!(removed, Some(id));

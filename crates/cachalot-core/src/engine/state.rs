@@ -139,6 +139,19 @@ impl<S> Block<S> {
     pub fn is_split(&self) -> bool {
         self.prev != NIL || self.next != NIL
     }
+
+    /// The segment's age if this block is the whole segment.
+    #[inline]
+    pub fn whole_seq(&self) -> Option<u64> {
+        (!self.is_split()).then_some(self.seq)
+    }
+
+    /// The key under which this free block is filed apart as a dormant
+    /// whole segment: its segment's age.
+    #[inline]
+    pub fn dormant_key(&self) -> Option<u64> {
+        self.dormant.then_some(self.seq)
+    }
     #[inline]
     pub fn stat_type(&self) -> StatType {
         StatType::of_pool(self.small)
@@ -1101,20 +1114,13 @@ impl<B: Backend> Inner<B> {
             .expect("block refers to a live pool")
     }
 
-    /// The key under which a free block is filed apart as a dormant whole
-    /// segment: its segment's age.
-    #[inline]
-    pub(crate) fn whole_key(&self, b: &Block<B::Stream>) -> Option<u64> {
-        b.dormant.then_some(b.seq)
-    }
-
     /// Puts a free block in its pool's free set (keyed by its stream).
     #[inline]
     pub(crate) fn insert_free(&mut self, id: BlockId) {
         let b = &self.blocks[id as usize];
         let (st, size, addr) = (b.stream, b.size, b.addr);
         let (pool, small) = (b.pool, b.small);
-        let whole = self.whole_key(b);
+        let whole = b.dormant_key();
         let p = self.pool_mut(pool).get(small);
         let gc = p.gc_calls;
         p.free.insert(st, size, addr, id, whole);
@@ -1133,7 +1139,7 @@ impl<B: Backend> Inner<B> {
         let (pool, small) = (b.pool, b.small);
         // placement:steady applies to the default pool
         let steady = pool == 0 && self.config.placement == Placement::Steady;
-        let whole = (!b.is_split()).then_some(b.seq);
+        let whole = b.whole_seq();
         let p = self.pool_mut(pool).get(small);
         let gc = p.gc_calls;
         let back = p.free.insert_back(st, size, addr, id, steady, whole);
@@ -1149,7 +1155,7 @@ impl<B: Backend> Inner<B> {
         let b = &self.blocks[id as usize];
         let (st, size, addr) = (b.stream, b.size, b.addr);
         let (pool, small) = (b.pool, b.small);
-        let whole = self.whole_key(b);
+        let whole = b.dormant_key();
         let removed = self
             .pool_mut(pool)
             .get(small)
@@ -1483,14 +1489,7 @@ impl<B: Backend> Inner<B> {
             .expect("live pool")
             .get(small)
             .free
-            .make_dormant(
-                stream,
-                |id| {
-                    let b = &blocks[id as usize];
-                    (!b.is_split()).then_some(b.seq)
-                },
-                &mut moved,
-            );
+            .make_dormant(stream, |id| blocks[id as usize].whole_seq(), &mut moved);
         for id in moved {
             self.blocks[id as usize].dormant = true;
         }
