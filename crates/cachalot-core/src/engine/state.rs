@@ -799,12 +799,12 @@ impl<S: Copy + Ord> FreeSet<S> {
             let (sz, a) = unkey(k);
             all.push((sz, a, id));
         }
-        let mut new: Vec<Whole> = Vec::new();
+        let sorted = set.whole.len();
         for (size, addr, id) in all {
             if let Some(q) = seq(id) {
                 let got = set.remove(fkey(size, addr));
                 debug_assert_eq!(got, Some(id));
-                new.push(Whole {
+                set.whole.push(Whole {
                     seq: q,
                     size,
                     addr,
@@ -813,26 +813,10 @@ impl<S: Copy + Ord> FreeSet<S> {
                 moved.push(id);
             }
         }
-        // one sort and one merge (inserting each would be quadratic)
-        new.sort_unstable_by_key(|w| w.seq);
-        if set.whole.is_empty() {
-            set.whole = new;
-        } else {
-            let old = std::mem::take(&mut set.whole);
-            let mut merged = Vec::with_capacity(old.len() + new.len());
-            let (mut i, mut j) = (0, 0);
-            while i < old.len() && j < new.len() {
-                if old[i].seq <= new[j].seq {
-                    merged.push(old[i]);
-                    i += 1;
-                } else {
-                    merged.push(new[j]);
-                    j += 1;
-                }
-            }
-            merged.extend_from_slice(&old[i..]);
-            merged.extend_from_slice(&new[j..]);
-            set.whole = merged;
+        if set.whole.len() > sorted {
+            // the stable sort finds the sorted run and the new tail and merges
+            // them (inserting each would be quadratic)
+            set.whole.sort_by_key(|w| w.seq);
         }
     }
 
