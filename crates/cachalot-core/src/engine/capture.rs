@@ -399,10 +399,8 @@ pub(crate) struct CaptureScratch<S, N> {
     /// Terminals of the stream a malloc runs on.
     terminals: Vec<N>,
     /// Terminals of any other stream queried (free markers, logged frees,
-    /// capture membership).
-    other: Vec<N>,
-    /// Terminals asked for by the pool choice (not used; kept for its capacity).
-    pub(crate) pool_terminals: Vec<N>,
+    /// capture membership, the pool choice).
+    pub(crate) other: Vec<N>,
 }
 
 impl<S, N> Default for CaptureScratch<S, N> {
@@ -415,7 +413,6 @@ impl<S, N> Default for CaptureScratch<S, N> {
             member: Vec::new(),
             terminals: Vec::new(),
             other: Vec::new(),
-            pool_terminals: Vec::new(),
         }
     }
 }

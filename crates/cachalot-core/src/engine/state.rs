@@ -785,7 +785,7 @@ impl<S: Copy + Ord> FreeSet<S> {
     }
 
     /// Moves the blocks of stream `s` for which `seq` gives a segment age
-    /// (whole free segments) to the dormant list; returns their ids.
+    /// (whole free segments) to the dormant list; appends their ids to `moved`.
     pub fn make_dormant(
         &mut self,
         s: S,
@@ -1210,10 +1210,7 @@ impl<B: Backend> Inner<B> {
         backend: &B,
         stream: B::Stream,
     ) -> Result<(crate::backend::CaptureStatus, u64), Error> {
-        let mut buf = std::mem::take(&mut self.capture_scratch.pool_terminals);
-        let r = backend.capture_state(stream, &mut buf);
-        self.capture_scratch.pool_terminals = buf;
-        Ok(r?)
+        Ok(backend.capture_state(stream, &mut self.capture_scratch.other)?)
     }
 
     // ----- the allocation path -----
@@ -1947,11 +1944,14 @@ impl<B: Backend> Inner<B> {
         stream: B::Stream,
     ) -> Result<AllocOutcome, Error> {
         debug_assert!(size > 0 && size < MAX_REQUEST);
-        self.capture_scratch.queried = None;
         if self.captures.is_empty() {
             self.process_events(backend)?;
-        } else if self.config.graph_capture_record_stream_reuse != CaptureReuse::Off {
-            self.reclaim_in_capture(backend, stream)?;
+        } else {
+            // nothing from an earlier malloc reaches this one's pool choice
+            self.capture_scratch.queried = None;
+            if self.config.graph_capture_record_stream_reuse != CaptureReuse::Off {
+                self.reclaim_in_capture(backend, stream)?;
+            }
         }
         let pool = if self.captures.is_empty() {
             0
