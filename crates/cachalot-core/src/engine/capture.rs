@@ -322,6 +322,12 @@ impl<S: Copy + Eq + std::hash::Hash, N: Copy + Eq> CrossLog<S, N> {
         (v.len() - 1) as u32
     }
 
+    /// Logs `[lo, hi)` as freed by `stream` whose terminals are `terminals`.
+    fn log_free(&mut self, lo: u64, hi: u64, stream: S, terminals: &[N]) {
+        let idx = self.snapshot(stream, terminals);
+        self.log_range(lo, hi, stream, idx);
+    }
+
     /// Logs `[lo, hi)` as freed by `stream` at snapshot `idx`, replacing what
     /// was logged over those bytes. One backward walk over the ranges that
     /// end after `lo` finds everything to change: a range straddling `lo` is
@@ -596,13 +602,11 @@ impl<B: Backend> Inner<B> {
                 return;
             }
         }
-        let log = &mut self
-            .reuse_contexts
+        self.reuse_contexts
             .get_mut(&capture)
             .expect("ensured above")
-            .cross;
-        let idx = log.snapshot(stream, &self.capture_scratch.other);
-        log.log_range(lo, hi, stream, idx);
+            .cross
+            .log_free(lo, hi, stream, &self.capture_scratch.other);
     }
 
     /// Whether every snapshot logged over `[lo, hi)` is in `stream`'s
@@ -760,13 +764,11 @@ impl<B: Backend> Inner<B> {
             if self.config.graph_capture_record_stream_reuse == CaptureReuse::CrossStream {
                 let b = &self.blocks[id as usize];
                 let (lo, hi) = (b.addr, b.addr + b.size);
-                let log = &mut self
-                    .reuse_contexts
+                self.reuse_contexts
                     .get_mut(&capture)
                     .expect("ensured above")
-                    .cross;
-                let idx = log.snapshot(stream, &self.capture_scratch.terminals);
-                log.log_range(lo, hi, stream, idx);
+                    .cross
+                    .log_free(lo, hi, stream, &self.capture_scratch.terminals);
             }
         }
         Ok(())
@@ -973,10 +975,8 @@ impl<B: Backend> Inner<B> {
             (b.addr, b.addr + b.size)
         };
         if let Some(ctx) = self.reuse_contexts.get_mut(&capture) {
-            let idx = ctx
-                .cross
-                .snapshot(p.stream, &self.capture_scratch.terminals);
-            ctx.cross.log_range(lo, hi, p.stream, idx);
+            ctx.cross
+                .log_free(lo, hi, p.stream, &self.capture_scratch.terminals);
         }
         Ok(Some(id))
     }
