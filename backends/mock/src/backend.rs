@@ -701,27 +701,12 @@ impl State {
     // ----- capture -------------------------------------------------------
 
     fn capture_info(&self, s: MockStream) -> Result<CaptureInfo<MockNode>, BackendError> {
-        let i = self.stream_idx("capture_info", s)?;
-        let st = &self.streams[i];
-        let Some(id) = st.capture else {
-            return Ok(CaptureInfo::none());
-        };
-        Ok(match self.captures.get(&id) {
-            Some(c) if c.status == CaptureStatus::Active => CaptureInfo {
-                status: CaptureStatus::Active,
-                id,
-                terminals: st
-                    .terminals
-                    .iter()
-                    .map(|&index| MockNode { capture: id, index })
-                    .collect(),
-            },
-            Some(_) => CaptureInfo {
-                status: CaptureStatus::Invalidated,
-                id,
-                terminals: Vec::new(),
-            },
-            None => CaptureInfo::none(),
+        let mut terminals = Vec::new();
+        let (status, id) = self.capture_state(s, &mut terminals)?;
+        Ok(CaptureInfo {
+            status,
+            id,
+            terminals,
         })
     }
 
