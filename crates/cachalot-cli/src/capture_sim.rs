@@ -1,6 +1,6 @@
 //! `cachalot capture-sim`: a random multi-stream program captured into a
-//! graph on the simulated device, in the manner of PyTorch PR #158352's
-//! benchmark.
+//! graph on the simulated device (or, with `--backend cuda`, on a real GPU),
+//! in the manner of PyTorch PR #158352's benchmark.
 //!
 //! The program is drawn from the seed alone (splitmix64), so every reuse
 //! mode, and PyTorch itself (`--emit-pytorch`), runs the same operations:
@@ -19,13 +19,19 @@
 //! during the capture, the races the simulated device's checker found, and
 //! the capture time (wall time from registering the pool to its end, with
 //! the race checker off; the best of a few runs).
+//!
+//! On CUDA each access is a memset node and each wait an event record and
+//! wait; the allocator sees the same capture graph as on the mock, so the
+//! memory figures must be the mock's (`scripts/capture_sim_devices.py`
+//! checks it), and the time is real capture time, device allocations
+//! included.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use cachalot::mock::{MockConfig, MockStream};
+use cachalot::mock::{MockBackend, MockConfig, MockStream};
 use cachalot_core::{
     AllocatorConfig, Backend, CachingAllocator, CaptureReuse, PoolFilter, graph_pool_handle,
 };
@@ -65,6 +71,11 @@ pub struct CaptureSimArgs {
     /// Reuse during capture: off, pytorch or cross-stream.
     #[arg(long, default_value = "pytorch")]
     pub reuse: String,
+    /// Device: `mock` (the simulated H200, with its race checker) or `cuda`
+    /// (device 0 of the CUDA driver: each access is a memset node, each
+    /// wait an event record and wait; no race checker, `races` is null).
+    #[arg(long, default_value = "mock")]
+    pub backend: String,
     /// Print one JSON object (peak_reserved, peak_allocated, reused_blocks,
     /// races, capture_ns).
     #[arg(long)]
@@ -107,20 +118,28 @@ pub fn run(args: &CaptureSimArgs) -> Result<(), CliError> {
         std::fs::write(path, program.to_pytorch(&params))
             .map_err(|e| CliError::failure(format!("writing {}: {e}", path.display())))?;
     }
-    let checked = program
-        .run_mock(
-            mode,
-            std::env::var_os("NORACE").is_none(),
-            args.check_invariants,
-            false,
-        )
-        .map_err(CliError::failure)?;
+    let cuda = match args.backend.as_str() {
+        "mock" => false,
+        "cuda" => true,
+        other => {
+            return Err(CliError::usage(format!(
+                "--backend: expected mock or cuda, got '{other}'"
+            )));
+        }
+    };
+    let run = |check: bool, race_checking: bool| -> Result<Outcome, CliError> {
+        if cuda {
+            run_cuda(&program, mode, check)
+        } else {
+            program
+                .run_mock(mode, race_checking, check, false)
+                .map_err(CliError::failure)
+        }
+    };
+    let checked = run(args.check_invariants, std::env::var_os("NORACE").is_none())?;
     let mut capture_ns = u128::MAX;
     for _ in 0..args.timing_runs.max(1) {
-        let t = program
-            .run_mock(mode, false, false, false)
-            .map_err(CliError::failure)?;
-        capture_ns = capture_ns.min(t.capture_ns);
+        capture_ns = capture_ns.min(run(false, false)?.capture_ns);
     }
     let o = Outcome {
         capture_ns,
@@ -172,7 +191,10 @@ pub fn run(args: &CaptureSimArgs) -> Result<(), CliError> {
             o.capture_ns as f64 / 1e6,
             o.capture_ns as f64 / f64::from(params.ops.max(1))
         );
-        println!("  races found    : {}", o.races);
+        match o.races {
+            Some(n) => println!("  races found    : {n}"),
+            None => println!("  races found    : not checked (no race checker on this device)"),
+        }
         if let Some(b) = bound {
             println!(
                 "  unordered bound: {} bytes ({:.1} MiB)",
@@ -181,13 +203,33 @@ pub fn run(args: &CaptureSimArgs) -> Result<(), CliError> {
             );
         }
     }
-    if o.races > 0 {
+    if let Some(n) = o.races.filter(|&n| n > 0) {
         return Err(CliError::failure(format!(
-            "the race checker found {} races",
-            o.races
+            "the race checker found {n} races"
         )));
     }
     Ok(())
+}
+
+/// The CUDA run, or a typed error when this build or machine has no CUDA.
+fn run_cuda(program: &Program, mode: CaptureReuse, check: bool) -> Result<Outcome, CliError> {
+    #[cfg(feature = "cuda")]
+    {
+        let n = cachalot::BackendKind::Cuda
+            .device_count()
+            .map_err(|e| CliError::failure(format!("--backend cuda: {e}")))?;
+        if n == 0 {
+            return Err(CliError::failure("--backend cuda: no CUDA device"));
+        }
+        program.run_cuda(mode, check).map_err(CliError::failure)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (program, mode, check);
+        Err(CliError::usage(
+            "--backend cuda: this build has no CUDA backend (feature `cuda`)",
+        ))
+    }
 }
 
 fn parse_reuse(s: &str) -> Result<CaptureReuse, CliError> {
@@ -292,7 +334,8 @@ struct Outcome {
     peak_reserved: u64,
     peak_allocated: u64,
     reused_blocks: u64,
-    races: usize,
+    /// `None`: the device has no race checker.
+    races: Option<usize>,
     capture_ns: u128,
 }
 
@@ -310,6 +353,91 @@ fn draw_size(rng: &mut SplitMix64) -> u64 {
 #[inline(never)]
 fn timed_region<T>(f: impl FnOnce() -> T) -> T {
     f()
+}
+
+/// What a run does with its device besides allocating: streams, the
+/// program's memory accesses, waits and the capture itself.
+trait SimDevice: Backend {
+    /// Keeps a stream made by [`SimDevice::sim_stream`] alive.
+    type Keep;
+    /// A captured graph.
+    type Graph;
+    /// A new stream.
+    fn sim_stream(&self) -> Result<(Self::Stream, Self::Keep), String>;
+    /// Work on `stream` that writes `[p, p + n)` (`tag` names the allocation).
+    fn sim_touch(&self, stream: Self::Stream, p: u64, n: u64, tag: u64) -> Result<(), String>;
+    /// `waiter.wait_stream(other)`.
+    fn sim_wait(&self, waiter: Self::Stream, other: Self::Stream) -> Result<(), String>;
+    /// Starts capturing `stream`.
+    fn sim_begin(&self, stream: Self::Stream) -> Result<(), String>;
+    /// Ends the capture on `stream`.
+    fn sim_end(&self, stream: Self::Stream) -> Result<Self::Graph, String>;
+    /// Races the device's checker found (`None`: it has no checker); prints
+    /// the first few.
+    fn sim_races(&self) -> Option<usize>;
+}
+
+impl SimDevice for MockBackend {
+    type Keep = ();
+    type Graph = cachalot::mock::MockGraph;
+    fn sim_stream(&self) -> Result<(MockStream, ()), String> {
+        Ok((self.create_stream(), ()))
+    }
+    fn sim_touch(&self, stream: MockStream, p: u64, n: u64, tag: u64) -> Result<(), String> {
+        self.use_memory(stream, p, n, tag)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+    fn sim_wait(&self, waiter: MockStream, other: MockStream) -> Result<(), String> {
+        let e = self.create_event().map_err(|e| e.to_string())?;
+        let r = self
+            .record_event(&e, other)
+            .and_then(|()| self.stream_wait_event(waiter, &e));
+        self.destroy_event(e).map_err(|e| e.to_string())?;
+        r.map_err(|e| e.to_string())
+    }
+    fn sim_begin(&self, stream: MockStream) -> Result<(), String> {
+        self.begin_capture(stream)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+    fn sim_end(&self, stream: MockStream) -> Result<Self::Graph, String> {
+        self.end_capture(stream).map_err(|e| e.to_string())
+    }
+    fn sim_races(&self) -> Option<usize> {
+        for r in self.races().iter().take(3) {
+            eprintln!("capture-sim: {r}");
+        }
+        Some(self.race_count())
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl SimDevice for cachalot::cuda::CudaBackend {
+    type Keep = cachalot::cuda::OwnedStream;
+    type Graph = cachalot::cuda::CudaGraph;
+    fn sim_stream(&self) -> Result<(Self::Stream, Self::Keep), String> {
+        let s = self.create_stream().map_err(|e| e.to_string())?;
+        Ok((s.handle(), s))
+    }
+    fn sim_touch(&self, stream: Self::Stream, p: u64, n: u64, tag: u64) -> Result<(), String> {
+        // a memset node writing the whole block
+        self.memset_d8_async(p, (tag % 251) as u8, n, stream)
+            .map_err(|e| e.to_string())
+    }
+    fn sim_wait(&self, waiter: Self::Stream, other: Self::Stream) -> Result<(), String> {
+        self.wait_stream(waiter, other).map_err(|e| e.to_string())
+    }
+    fn sim_begin(&self, stream: Self::Stream) -> Result<(), String> {
+        self.begin_capture(stream, cachalot::cuda::CaptureMode::Global)
+            .map_err(|e| e.to_string())
+    }
+    fn sim_end(&self, stream: Self::Stream) -> Result<Self::Graph, String> {
+        self.end_capture(stream).map_err(|e| e.to_string())
+    }
+    fn sim_races(&self) -> Option<usize> {
+        None
+    }
 }
 
 impl Program {
@@ -403,12 +531,37 @@ impl Program {
             .auto_complete(true)
             .race_checking(race_checking)
             .build();
+        self.run_on(m, mode, check, unordered)
+    }
+
+    /// Runs the program captured on device 0 of the CUDA driver.
+    #[cfg(feature = "cuda")]
+    fn run_cuda(&self, mode: CaptureReuse, check: bool) -> Result<Outcome, String> {
+        let b = cachalot::cuda::CudaBackend::new(0).map_err(|e| e.to_string())?;
+        self.run_on(b, mode, check, false)
+    }
+
+    /// Runs the program captured on `device` with reuse mode `mode`.
+    fn run_on<D: SimDevice>(
+        &self,
+        device: D,
+        mode: CaptureReuse,
+        check: bool,
+        unordered: bool,
+    ) -> Result<Outcome, String> {
         let config = AllocatorConfig {
             graph_capture_record_stream_reuse: mode,
             ..AllocatorConfig::default()
         };
-        let a = CachingAllocator::with_config(m.clone(), config).map_err(|e| e.to_string())?;
-        let streams: Vec<MockStream> = (0..self.streams).map(|_| m.create_stream()).collect();
+        let a = CachingAllocator::with_config(device, config).map_err(|e| e.to_string())?;
+        let d = a.backend();
+        let mut keep = Vec::new();
+        let mut streams: Vec<D::Stream> = Vec::new();
+        for _ in 0..self.streams {
+            let (s, k) = d.sim_stream()?;
+            streams.push(s);
+            keep.push(k);
+        }
         let s0 = streams[0];
         let pool = graph_pool_handle();
         let checkpoint = |what: &str| -> Result<(), String> {
@@ -417,14 +570,6 @@ impl Program {
                     .map_err(|e| format!("invariant violated after {what}: {e}"))?;
             }
             Ok(())
-        };
-        let wait = |waiter: MockStream, other: MockStream| -> Result<(), String> {
-            let e = m.create_event().map_err(|e| e.to_string())?;
-            let r = m
-                .record_event(&e, other)
-                .and_then(|()| m.stream_wait_event(waiter, &e));
-            m.destroy_event(e).map_err(|e| e.to_string())?;
-            r.map_err(|e| e.to_string())
         };
         let mut addr: Vec<u64> = vec![0; self.ids as usize];
         let mut bytes: Vec<u64> = vec![0; self.ids as usize];
@@ -439,9 +584,9 @@ impl Program {
         let graph = timed_region(|| -> Result<_, String> {
             a.begin_allocate_to_pool(pool, PoolFilter::CaptureOf(s0))
                 .map_err(|e| e.to_string())?;
-            m.begin_capture(s0).map_err(|e| e.to_string())?;
+            d.sim_begin(s0)?;
             for &s in &streams[1..] {
-                wait(s, s0)?;
+                d.sim_wait(s, s0)?;
             }
             for op in &self.ops {
                 match *op {
@@ -467,16 +612,14 @@ impl Program {
                             deferred.remove(&k);
                             reused += 1;
                         }
-                        m.use_memory(s, p, n, u64::from(id) + 1)
-                            .map_err(|e| e.to_string())?;
+                        d.sim_touch(s, p, n, u64::from(id) + 1)?;
                         addr[id as usize] = p;
                         bytes[id as usize] = n;
                     }
                     Op::Use { id, stream } => {
                         let s = streams[stream as usize];
                         let p = addr[id as usize];
-                        m.use_memory(s, p, bytes[id as usize], u64::from(id) + 1)
-                            .map_err(|e| e.to_string())?;
+                        d.sim_touch(s, p, bytes[id as usize], u64::from(id) + 1)?;
                         if !unordered {
                             a.record_stream(p, s).map_err(|e| e.to_string())?;
                         }
@@ -491,29 +634,27 @@ impl Program {
                         addr[id as usize] = 0;
                     }
                     Op::Wait { waiter, other } => {
-                        wait(streams[waiter as usize], streams[other as usize])?;
+                        d.sim_wait(streams[waiter as usize], streams[other as usize])?;
                     }
                 }
                 checkpoint("an operation")?;
             }
             for &s in &streams[1..] {
-                wait(s0, s)?;
+                d.sim_wait(s0, s)?;
             }
-            let graph = m.end_capture(s0).map_err(|e| e.to_string())?;
+            let graph = d.sim_end(s0)?;
             a.end_allocate_to_pool(pool).map_err(|e| e.to_string())?;
             Ok(graph)
         })?;
         let capture_ns = t0.elapsed().as_nanos();
         checkpoint("the capture")?;
-        for r in m.races().iter().take(3) {
-            eprintln!("capture-sim: {r}");
-        }
+        let races = d.sim_races();
         let stats = a.stats();
         let out = Outcome {
             peak_reserved: stats.reserved_bytes.all().peak as u64,
             peak_allocated: stats.allocated_bytes.all().peak as u64,
             reused_blocks: reused,
-            races: m.race_count(),
+            races,
             capture_ns,
         };
         for p in addr.into_iter().filter(|&p| p != 0) {
@@ -523,6 +664,7 @@ impl Program {
         a.release_pool(pool).map_err(|e| e.to_string())?;
         a.empty_cache().map_err(|e| e.to_string())?;
         checkpoint("the clean-up")?;
+        drop(keep);
         Ok(out)
     }
 
@@ -652,7 +794,7 @@ mod tests {
             let cs = prog
                 .run_mock(CaptureReuse::CrossStream, true, true, false)
                 .expect("cross");
-            assert_eq!((off.races, pt.races, cs.races), (0, 0, 0));
+            assert_eq!((off.races, pt.races, cs.races), (Some(0), Some(0), Some(0)));
             assert_eq!(off.reused_blocks, 0);
             assert!(pt.peak_reserved <= off.peak_reserved);
             assert!(cs.peak_reserved <= off.peak_reserved);
@@ -674,7 +816,7 @@ mod tests {
                 .expect("bound");
             assert!(bound.peak_reserved <= pt.peak_reserved);
             assert!(bound.peak_allocated >= pt.peak_allocated / 2);
-            raced += bound.races;
+            raced += bound.races.expect("the mock checks races");
         }
         assert!(raced > 0, "reuse that ignores the graph must race");
     }

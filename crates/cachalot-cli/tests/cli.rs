@@ -414,6 +414,57 @@ fn capture_sim_json() {
     assert_eq!(v["races"], 0);
     let bad = run(&["capture-sim", "--reuse", "sometimes"]);
     assert_eq!(bad.status.code(), Some(2));
+    let bad = run(&["capture-sim", "--backend", "tpu"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        stderr(&bad).contains("expected mock or cuda"),
+        "{}",
+        stderr(&bad)
+    );
+}
+
+/// `--backend cuda`: on a machine with a GPU the same program gives the
+/// mock's figures (no race checker: `races` is null); without one, a clear
+/// error, not a panic.
+#[test]
+fn capture_sim_cuda_matches_the_mock_or_says_why_not() {
+    let args = |backend: &'static str| {
+        [
+            "capture-sim",
+            "--backend",
+            backend,
+            "--streams",
+            "3",
+            "--ops",
+            "300",
+            "--seed",
+            "5",
+            "--reuse",
+            "cross-stream",
+            "--json",
+            "--timing-runs",
+            "1",
+        ]
+    };
+    let mock = run(&args("mock"));
+    assert_eq!(mock.status.code(), Some(0), "{}", stderr(&mock));
+    let cuda = run(&args("cuda"));
+    assert!(!stderr(&cuda).contains("panicked"), "{}", stderr(&cuda));
+    if cuda.status.code() == Some(0) {
+        let m: serde_json::Value = serde_json::from_str(stdout(&mock).trim()).unwrap();
+        let c: serde_json::Value = serde_json::from_str(stdout(&cuda).trim()).unwrap();
+        assert!(c["races"].is_null(), "{c}");
+        for k in ["peak_reserved", "peak_allocated", "reused_blocks"] {
+            assert_eq!(m[k], c[k], "{k}: mock {m} cuda {c}");
+        }
+    } else {
+        assert_eq!(cuda.status.code(), Some(1), "{}", stderr(&cuda));
+        assert!(
+            stderr(&cuda).contains("--backend cuda"),
+            "{}",
+            stderr(&cuda)
+        );
+    }
 }
 
 #[test]

@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""The capture-sim programs on the simulated device and on a real GPU.
+
+For streams in {2, 4} x ops in {1000, 10000} and SEEDS seeds, runs
+`cachalot capture-sim` in every reuse mode with `--backend mock` and
+`--backend cuda`, and prints per config:
+
+* whether the two devices give the same peak reserved bytes and the same
+  number of reused blocks on every program (the allocator decides from the
+  capture graph's terminal sets and dependencies only, so equal figures mean
+  the mock's capture graph answered every query as CUDA's did);
+* capture time per op on each device and the time ratios of `pytorch` and
+  `cross_stream` to `off` (mean of per-seed ratios of best-of-N times).
+
+Needs a CUDA device. Usage:
+  scripts/capture_sim_devices.py [--bin target/release/cachalot] [--seeds 5]
+                                 [--timing-runs 5] [--markdown]
+Exit status 0 when both devices agree on every program.
+"""
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+
+MODES = ("off", "pytorch", "cross-stream")
+DEVICES = ("mock", "cuda")
+
+
+def run(binary, device, streams, ops, seed, mode, timing_runs):
+    out = subprocess.run(
+        [binary, "capture-sim", "--backend", device, "--streams", str(streams),
+         "--ops", str(ops), "--seed", str(seed), "--reuse", mode, "--json",
+         "--timing-runs", str(timing_runs)],
+        capture_output=True, text=True)
+    lines = out.stdout.strip().splitlines()
+    if out.returncode != 0 or not lines:
+        sys.exit(f"capture-sim --backend {device} failed: {out.stderr.strip()}")
+    return json.loads(lines[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default="target/release/cachalot")
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--timing-runs", type=int, default=5)
+    ap.add_argument("--markdown", action="store_true")
+    a = ap.parse_args()
+    agree_all = True
+    if a.markdown:
+        print("| streams | ops | same peak reserved / reused blocks | peak reserved MiB "
+              "off / pytorch / cross | ns/op mock off / pytorch / cross | time ratio mock "
+              "pytorch / cross | ns/op cuda off / pytorch / cross | time ratio cuda "
+              "pytorch / cross |")
+        print("|---|---|---|---|---|---|---|---|")
+    for streams in (2, 4):
+        for ops in (1000, 10000):
+            res = {(d, m): [] for d in DEVICES for m in MODES}
+            for seed in range(1, a.seeds + 1):
+                for m in MODES:
+                    for d in DEVICES:
+                        res[(d, m)].append(run(a.bin, d, streams, ops, seed, m,
+                                               a.timing_runs))
+            same_peak = all(x["peak_reserved"] == y["peak_reserved"]
+                            for m in MODES
+                            for x, y in zip(res[("mock", m)], res[("cuda", m)]))
+            same_reused = all(x["reused_blocks"] == y["reused_blocks"]
+                              for m in MODES
+                              for x, y in zip(res[("mock", m)], res[("cuda", m)]))
+            agree_all &= same_peak and same_reused
+            mib = {m: statistics.mean(r["peak_reserved"] for r in res[("cuda", m)]) / 2**20
+                   for m in MODES}
+            t = {(d, m): statistics.mean(r["capture_ns"] / ops for r in res[(d, m)])
+                 for d in DEVICES for m in MODES}
+            ratio = {(d, m): statistics.mean(x["capture_ns"] / o["capture_ns"]
+                                             for x, o in zip(res[(d, m)], res[(d, "off")]))
+                     for d in DEVICES for m in MODES}
+            cells = [
+                f"{'yes' if same_peak else 'NO'} / {'yes' if same_reused else 'NO'}",
+                " / ".join(f"{mib[m]:.0f}" for m in MODES),
+            ]
+            for d in DEVICES:
+                cells.append(" / ".join(f"{t[(d, m)]:.0f}" for m in MODES))
+                cells.append(f"{ratio[(d, 'pytorch')]:.2f} / {ratio[(d, 'cross-stream')]:.2f}")
+            if a.markdown:
+                print(f"| {streams} | {ops} | " + " | ".join(cells) + " |")
+            else:
+                print(f"streams={streams} ops={ops} " + " ; ".join(cells))
+    print(f"mock and cuda agree on every program: {'yes' if agree_all else 'NO'}")
+    sys.exit(0 if agree_all else 1)
+
+
+if __name__ == "__main__":
+    main()
