@@ -31,7 +31,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use cachalot::mock::{MockBackend, MockConfig, MockStream};
+use cachalot::mock::{MockBackend, MockConfig, MockStream, Placement};
 use cachalot_core::{
     AllocatorConfig, Backend, CachingAllocator, CaptureReuse, PoolFilter, graph_pool_handle,
 };
@@ -76,6 +76,12 @@ pub struct CaptureSimArgs {
     /// wait an event record and wait; no race checker, `races` is null).
     #[arg(long, default_value = "mock")]
     pub backend: String,
+    /// Where the mock places new segments: `cuda13` (the CUDA 13 driver's
+    /// placement as seen on an H200) or `increasing` (lowest-address first
+    /// fit). Best fit breaks size ties by address, so placement can change
+    /// the figures.
+    #[arg(long = "mock-placement", default_value = "cuda13")]
+    pub mock_placement: String,
     /// Print one JSON object (peak_reserved, peak_allocated, reused_blocks,
     /// races, capture_ns).
     #[arg(long)]
@@ -127,12 +133,21 @@ pub fn run(args: &CaptureSimArgs) -> Result<(), CliError> {
             )));
         }
     };
+    let placement = match args.mock_placement.as_str() {
+        "cuda13" => Placement::Cuda13,
+        "increasing" => Placement::Increasing,
+        other => {
+            return Err(CliError::usage(format!(
+                "--mock-placement: expected cuda13 or increasing, got '{other}'"
+            )));
+        }
+    };
     let run = |check: bool, race_checking: bool| -> Result<Outcome, CliError> {
         if cuda {
             run_cuda(&program, mode, check)
         } else {
             program
-                .run_mock(mode, race_checking, check, false)
+                .run_mock_placed(mode, race_checking, check, false, placement)
                 .map_err(CliError::failure)
         }
     };
@@ -148,7 +163,7 @@ pub fn run(args: &CaptureSimArgs) -> Result<(), CliError> {
     let bound = if args.bound {
         Some(
             program
-                .run_mock(mode, false, false, true)
+                .run_mock_placed(mode, false, false, true, placement)
                 .map_err(CliError::failure)?
                 .peak_reserved,
         )
@@ -520,6 +535,7 @@ impl Program {
     /// Runs the program captured on a fresh simulated H200. `unordered`:
     /// every allocation on the first stream and no `record_stream` (the
     /// packing bound; unsafe by design).
+    #[cfg(test)]
     fn run_mock(
         &self,
         mode: CaptureReuse,
@@ -527,7 +543,20 @@ impl Program {
         check: bool,
         unordered: bool,
     ) -> Result<Outcome, String> {
+        self.run_mock_placed(mode, race_checking, check, unordered, Placement::Cuda13)
+    }
+
+    /// [`Program::run_mock`] with the mock's segment placement `placement`.
+    fn run_mock_placed(
+        &self,
+        mode: CaptureReuse,
+        race_checking: bool,
+        check: bool,
+        unordered: bool,
+        placement: Placement,
+    ) -> Result<Outcome, String> {
         let m = MockConfig::new(DEVICE_BYTES)
+            .placement(placement)
             .auto_complete(true)
             .race_checking(race_checking)
             .build();
@@ -819,6 +848,29 @@ mod tests {
             raced += bound.races.expect("the mock checks races");
         }
         assert!(raced > 0, "reuse that ignores the graph must race");
+    }
+
+    /// Best fit breaks size ties by address: where the device places
+    /// segments changes which block a request gets, so the figures of some
+    /// programs move with the placement (why the CUDA run can differ from
+    /// the mock's where the driver places a segment differently), while
+    /// every run stays race-free.
+    #[test]
+    fn placement_moves_the_figures_of_some_programs() {
+        let mut moved = 0;
+        for seed in 1..=8 {
+            let prog = Program::generate(&params(4, 1000, seed));
+            let run = |placement| {
+                prog.run_mock_placed(CaptureReuse::CrossStream, true, false, false, placement)
+                    .expect("run")
+            };
+            let (a, b) = (run(Placement::Cuda13), run(Placement::Increasing));
+            assert_eq!((a.races, b.races), (Some(0), Some(0)));
+            moved += usize::from(
+                a.peak_reserved != b.peak_reserved || a.reused_blocks != b.reused_blocks,
+            );
+        }
+        assert!(moved > 0, "no program's figures depend on placement");
     }
 
     #[test]

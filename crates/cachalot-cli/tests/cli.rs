@@ -421,6 +421,13 @@ fn capture_sim_json() {
         "{}",
         stderr(&bad)
     );
+    let bad = run(&["capture-sim", "--mock-placement", "random"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        stderr(&bad).contains("expected cuda13 or increasing"),
+        "{}",
+        stderr(&bad)
+    );
 }
 
 /// `--backend cuda`: on a machine with a GPU the same program gives the
