@@ -1157,6 +1157,9 @@ fn check_capture_use(
 #[derive(Clone)]
 pub struct MockBackend {
     device: DeviceIndex,
+    /// `MockConfig::node_numbers` (read without the lock: `node_index` is
+    /// called from inside walks).
+    node_numbers: bool,
     inner: Arc<Mutex<State>>,
 }
 
@@ -1187,6 +1190,7 @@ impl MockBackend {
     pub fn with_config(config: MockConfig) -> Self {
         Self {
             device: config.device,
+            node_numbers: config.node_numbers,
             inner: Arc::new(Mutex::new(State::new(&config))),
         }
     }
@@ -1692,7 +1696,7 @@ impl Backend for MockBackend {
     }
 
     fn node_index(&self, capture: u64, node: MockNode) -> Option<u32> {
-        (node.capture == capture).then_some(node.index)
+        (self.node_numbers && node.capture == capture).then_some(node.index)
     }
 
     fn walk_ancestors<F: FnMut(MockNode) -> bool>(
@@ -1713,6 +1717,9 @@ impl Backend for MockBackend {
         from: &[MockNode],
         visited: &mut Vec<u64>,
     ) -> Result<bool, BackendError> {
+        if !self.node_numbers {
+            return Ok(false);
+        }
         let mut st = self.inner.lock();
         Ok(match st.mark_ancestors(capture, from, visited) {
             Some(expanded) => {

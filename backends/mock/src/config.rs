@@ -43,11 +43,17 @@ pub struct MockConfig {
     /// (rounded up to 32 MiB). Placement fails with OOM when the range, not
     /// the capacity, is exhausted.
     pub address_space: Option<u64>,
+    /// Whether `Backend::node_index` numbers graph nodes (their creation
+    /// index). Off, the mock answers like a backend without numbers (CUDA):
+    /// the engine numbers nodes itself and walks the graph node by node
+    /// through `Backend::extend_node_dependencies`.
+    pub node_numbers: bool,
 }
 
 impl MockConfig {
     /// Defaults: device 0, [`Placement::Cuda13`], manual completion,
-    /// [`CaptureMode::Global`], race checking on, base `0x7f00_0000_0000`.
+    /// [`CaptureMode::Global`], race checking on, base `0x7f00_0000_0000`,
+    /// graph nodes numbered.
     pub fn new(total_memory: u64) -> Self {
         Self {
             device: 0,
@@ -58,7 +64,15 @@ impl MockConfig {
             race_checking: true,
             base_address: DEFAULT_BASE_ADDRESS,
             address_space: None,
+            node_numbers: true,
         }
+    }
+
+    /// Sets whether graph nodes are numbered for the engine (see
+    /// [`MockConfig::node_numbers`]).
+    pub fn node_numbers(mut self, on: bool) -> Self {
+        self.node_numbers = on;
+        self
     }
 
     /// Sets the device index.

@@ -873,6 +873,53 @@ mod tests {
         assert!(moved > 0, "no program's figures depend on placement");
     }
 
+    /// Without node numbers from the backend (as on CUDA) the engine numbers
+    /// nodes itself and walks through `extend_node_dependencies`: the
+    /// answers, so every figure, are those of the numbered walk, and each
+    /// node's dependencies are asked for at most once per capture, however
+    /// many streams walk over it.
+    #[test]
+    fn engine_numbered_walk_matches_and_asks_once_per_node() {
+        for (streams, seed) in [(2, 1), (4, 2), (4, 3), (3, 4)] {
+            let prog = Program::generate(&params(streams, 1000, seed));
+            let nodes = prog
+                .ops
+                .iter()
+                .filter(|op| matches!(op, Op::Alloc { .. } | Op::Use { .. }))
+                .count() as u64;
+            for mode in [CaptureReuse::PyTorch, CaptureReuse::CrossStream] {
+                let device = |numbers| {
+                    MockConfig::new(DEVICE_BYTES)
+                        .auto_complete(true)
+                        .node_numbers(numbers)
+                        .build()
+                };
+                let (m1, m2) = (device(true), device(false));
+                let a = prog
+                    .run_on(m1.clone(), mode, true, false)
+                    .expect("numbered");
+                let b = prog
+                    .run_on(m2.clone(), mode, true, false)
+                    .expect("engine-numbered");
+                assert_eq!(
+                    (a.peak_reserved, a.peak_allocated, a.reused_blocks, a.races),
+                    (b.peak_reserved, b.peak_allocated, b.reused_blocks, b.races),
+                    "{streams} streams, seed {seed}, {mode:?}"
+                );
+                assert_eq!(b.races, Some(0));
+                let asked = m2.counters().node_dependencies;
+                assert!(
+                    asked > 0 && asked <= nodes,
+                    "{asked} asks for {nodes} nodes"
+                );
+                if streams > 2 {
+                    // the numbered walk expands a node once per stream
+                    assert!(m1.counters().node_dependencies > asked);
+                }
+            }
+        }
+    }
+
     #[test]
     fn emitted_script_lists_every_op() {
         let p = params(2, 50, 3);

@@ -105,6 +105,17 @@ struct Numbering<N> {
     backend: Option<bool>,
     /// The engine's numbers (backends without `node_index`).
     interned: FastMap<N, u32>,
+    /// Engine numbers: the node of each number.
+    nodes: Vec<N>,
+    /// Engine numbers: each node's dependencies, once asked for, as a
+    /// (start, length) range of `dep_numbers`. Every stream's walk of the
+    /// capture shares them, so the backend is asked once per node and
+    /// capture, not once per node and stream. (Stream capture never changes
+    /// a node's dependencies once it is in the graph; an edge a program adds
+    /// by hand later is missed, which can only withhold a reuse.)
+    deps: Vec<Option<(u32, u32)>>,
+    /// The numbers `deps` ranges point into.
+    dep_numbers: Vec<u32>,
     /// The backend numbered some nodes and not others: no visited set is
     /// trusted any more (every check answers "not visited").
     broken: bool,
@@ -123,7 +134,12 @@ impl<N: Copy + Eq + std::hash::Hash> Numbering<N> {
             (None, None | Some(false)) => {
                 self.backend = Some(false);
                 let next = self.interned.len() as u32;
-                Some(*self.interned.entry(node).or_insert(next))
+                let (nodes, deps) = (&mut self.nodes, &mut self.deps);
+                Some(*self.interned.entry(node).or_insert_with(|| {
+                    nodes.push(node);
+                    deps.push(None);
+                    next
+                }))
             }
             _ => {
                 self.broken = true;
@@ -154,6 +170,10 @@ impl<N: Copy + Eq + std::hash::Hash> Numbering<N> {
 pub(crate) struct Reach<S, N> {
     num: Numbering<N>,
     streams: Vec<(S, Vec<u64>)>,
+    /// The engine-numbered walk's buffers: numbers to expand, and one
+    /// node's dependencies as the backend gives them.
+    stack: Vec<u32>,
+    fetched: Vec<N>,
 }
 
 impl<S, N> Default for Reach<S, N> {
@@ -162,9 +182,14 @@ impl<S, N> Default for Reach<S, N> {
             num: Numbering {
                 backend: None,
                 interned: FastMap::default(),
+                nodes: Vec::new(),
+                deps: Vec::new(),
+                dep_numbers: Vec::new(),
                 broken: false,
             },
             streams: Vec::new(),
+            stack: Vec::new(),
+            fetched: Vec::new(),
         }
     }
 }
@@ -243,13 +268,72 @@ impl<S: Copy + Eq, N: Copy + Eq + std::hash::Hash> Reach<S, N> {
             num.broken |= broken;
             r?;
         } else {
-            backend.walk_ancestors(terminals, |n| {
-                num.number(backend, capture, n)
-                    .is_some_and(|i| bit_set(bits, i))
-            })?;
+            // The engine numbers nodes: walk here, asking the backend for a
+            // node's dependencies only the first time any stream expands it.
+            let mut stack = std::mem::take(&mut self.stack);
+            let mut fetched = std::mem::take(&mut self.fetched);
+            stack.clear();
+            let r = walk_interned(
+                backend,
+                capture,
+                num,
+                bits,
+                terminals,
+                &mut stack,
+                &mut fetched,
+            );
+            self.stack = stack;
+            self.fetched = fetched;
+            r?;
         }
         Ok(())
     }
+}
+
+/// The reverse walk over engine numbers (see [`Reach::visit`]): marks in
+/// `bits` the ancestors-or-self of `terminals`, expanding each newly marked
+/// node through `num`'s dependency cache.
+fn walk_interned<B: Backend>(
+    backend: &B,
+    capture: u64,
+    num: &mut Numbering<B::Node>,
+    bits: &mut Vec<u64>,
+    terminals: &[B::Node],
+    stack: &mut Vec<u32>,
+    fetched: &mut Vec<B::Node>,
+) -> Result<(), Error> {
+    for &t in terminals {
+        if let Some(i) = num.number(backend, capture, t)
+            && bit_set(bits, i)
+        {
+            stack.push(i);
+        }
+    }
+    while let Some(i) = stack.pop() {
+        let (start, len) = match num.deps[i as usize] {
+            Some(r) => r,
+            None => {
+                fetched.clear();
+                backend.extend_node_dependencies(num.nodes[i as usize], fetched)?;
+                let start = num.dep_numbers.len() as u32;
+                for &d in fetched.iter() {
+                    if let Some(j) = num.number(backend, capture, d) {
+                        num.dep_numbers.push(j);
+                    }
+                }
+                let r = (start, num.dep_numbers.len() as u32 - start);
+                num.deps[i as usize] = Some(r);
+                r
+            }
+        };
+        for k in start..start + len {
+            let d = num.dep_numbers[k as usize];
+            if bit_set(bits, d) {
+                stack.push(d);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Per-stream state of the reclaim step: deferred blocks with markers
