@@ -1,4 +1,4 @@
-//! HIP and Level Zero as conformance-suite [`Harness`]es. Neither backend
+//! HIP and Level Zero as conformance-suite [`Harness`](crate::Harness)es. Neither backend
 //! exposes a sleeping host function or a memset to the suite, so on those
 //! devices `make_busy` and `fill` do nothing and `read` returns `None`: the
 //! checks that need a busy stream run only when the stream is observed busy.
