@@ -31,6 +31,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use cachalot::BackendKind;
 use cachalot::mock::{MockBackend, MockConfig, MockStream, Placement};
 use cachalot_core::{
     AllocatorConfig, Backend, CachingAllocator, CaptureReuse, PoolFilter, graph_pool_handle,
@@ -124,12 +125,13 @@ pub fn run(args: &CaptureSimArgs) -> Result<(), CliError> {
         std::fs::write(path, program.to_pytorch(&params))
             .map_err(|e| CliError::failure(format!("writing {}: {e}", path.display())))?;
     }
-    let cuda = match args.backend.as_str() {
-        "mock" => false,
-        "cuda" => true,
-        other => {
+    let cuda = match args.backend.parse::<BackendKind>() {
+        Ok(BackendKind::Mock) => false,
+        Ok(BackendKind::Cuda) => true,
+        _ => {
             return Err(CliError::usage(format!(
-                "--backend: expected mock or cuda, got '{other}'"
+                "--backend: expected mock or cuda, got '{}'",
+                args.backend
             )));
         }
     };
@@ -147,7 +149,7 @@ pub fn run(args: &CaptureSimArgs) -> Result<(), CliError> {
             run_cuda(&program, mode, check)
         } else {
             program
-                .run_mock_placed(mode, race_checking, check, false, placement)
+                .run_mock(mode, race_checking, check, false, placement)
                 .map_err(CliError::failure)
         }
     };
@@ -163,7 +165,7 @@ pub fn run(args: &CaptureSimArgs) -> Result<(), CliError> {
     let bound = if args.bound {
         Some(
             program
-                .run_mock_placed(mode, false, false, true, placement)
+                .run_mock(mode, false, false, true, placement)
                 .map_err(CliError::failure)?
                 .peak_reserved,
         )
@@ -230,7 +232,7 @@ pub fn run(args: &CaptureSimArgs) -> Result<(), CliError> {
 fn run_cuda(program: &Program, mode: CaptureReuse, check: bool) -> Result<Outcome, CliError> {
     #[cfg(feature = "cuda")]
     {
-        let n = cachalot::BackendKind::Cuda
+        let n = BackendKind::Cuda
             .device_count()
             .map_err(|e| CliError::failure(format!("--backend cuda: {e}")))?;
         if n == 0 {
@@ -532,22 +534,10 @@ impl Program {
         }
     }
 
-    /// Runs the program captured on a fresh simulated H200. `unordered`:
-    /// every allocation on the first stream and no `record_stream` (the
-    /// packing bound; unsafe by design).
-    #[cfg(test)]
+    /// Runs the program captured on a fresh simulated H200 that places
+    /// segments by `placement`. `unordered`: every allocation on the first
+    /// stream and no `record_stream` (the packing bound; unsafe by design).
     fn run_mock(
-        &self,
-        mode: CaptureReuse,
-        race_checking: bool,
-        check: bool,
-        unordered: bool,
-    ) -> Result<Outcome, String> {
-        self.run_mock_placed(mode, race_checking, check, unordered, Placement::Cuda13)
-    }
-
-    /// [`Program::run_mock`] with the mock's segment placement `placement`.
-    fn run_mock_placed(
         &self,
         mode: CaptureReuse,
         race_checking: bool,
@@ -815,13 +805,19 @@ mod tests {
         for seed in 1..4 {
             let prog = Program::generate(&params(4, 400, seed));
             let off = prog
-                .run_mock(CaptureReuse::Off, true, true, false)
+                .run_mock(CaptureReuse::Off, true, true, false, Placement::Cuda13)
                 .expect("off");
             let pt = prog
-                .run_mock(CaptureReuse::PyTorch, true, true, false)
+                .run_mock(CaptureReuse::PyTorch, true, true, false, Placement::Cuda13)
                 .expect("pytorch");
             let cs = prog
-                .run_mock(CaptureReuse::CrossStream, true, true, false)
+                .run_mock(
+                    CaptureReuse::CrossStream,
+                    true,
+                    true,
+                    false,
+                    Placement::Cuda13,
+                )
                 .expect("cross");
             assert_eq!((off.races, pt.races, cs.races), (Some(0), Some(0), Some(0)));
             assert_eq!(off.reused_blocks, 0);
@@ -838,10 +834,16 @@ mod tests {
         for seed in 1..4 {
             let prog = Program::generate(&params(2, 400, seed));
             let pt = prog
-                .run_mock(CaptureReuse::PyTorch, false, false, false)
+                .run_mock(
+                    CaptureReuse::PyTorch,
+                    false,
+                    false,
+                    false,
+                    Placement::Cuda13,
+                )
                 .expect("pytorch");
             let bound = prog
-                .run_mock(CaptureReuse::PyTorch, true, true, true)
+                .run_mock(CaptureReuse::PyTorch, true, true, true, Placement::Cuda13)
                 .expect("bound");
             assert!(bound.peak_reserved <= pt.peak_reserved);
             assert!(bound.peak_allocated >= pt.peak_allocated / 2);
@@ -861,7 +863,7 @@ mod tests {
         for seed in 1..=8 {
             let prog = Program::generate(&params(4, 1000, seed));
             let run = |placement| {
-                prog.run_mock_placed(CaptureReuse::CrossStream, true, false, false, placement)
+                prog.run_mock(CaptureReuse::CrossStream, true, false, false, placement)
                     .expect("run")
             };
             let (a, b) = (run(Placement::Cuda13), run(Placement::Increasing));

@@ -270,21 +270,15 @@ impl<S: Copy + Eq, N: Copy + Eq + std::hash::Hash> Reach<S, N> {
         } else {
             // The engine numbers nodes: walk here, asking the backend for a
             // node's dependencies only the first time any stream expands it.
-            let mut stack = std::mem::take(&mut self.stack);
-            let mut fetched = std::mem::take(&mut self.fetched);
-            stack.clear();
-            let r = walk_interned(
+            walk_interned(
                 backend,
                 capture,
                 num,
                 bits,
                 terminals,
-                &mut stack,
-                &mut fetched,
-            );
-            self.stack = stack;
-            self.fetched = fetched;
-            r?;
+                &mut self.stack,
+                &mut self.fetched,
+            )?;
         }
         Ok(())
     }
@@ -302,6 +296,7 @@ fn walk_interned<B: Backend>(
     stack: &mut Vec<u32>,
     fetched: &mut Vec<B::Node>,
 ) -> Result<(), Error> {
+    stack.clear();
     for &t in terminals {
         if let Some(i) = num.number(backend, capture, t)
             && bit_set(bits, i)
