@@ -430,8 +430,11 @@ fn capture_sim_json() {
     );
 }
 
-/// `--backend cuda`: on a machine with a GPU the same program gives the
-/// mock's figures (no race checker: `races` is null); without one, a clear
+/// `--backend cuda`: on a machine with a GPU this program gives the mock's
+/// figures (no race checker: `races` is null). Checked on the H200
+/// (2026-11-30: peak reserved 150994944, 35 blocks reused on both); other
+/// programs can differ where the driver places a segment otherwise than
+/// the mock's model (docs/capture-results.md). Without a GPU, a clear
 /// error, not a panic.
 #[test]
 fn capture_sim_cuda_matches_the_mock_or_says_why_not() {
