@@ -752,7 +752,7 @@ impl<B: Backend> Inner<B> {
         if let Some(m) = member.iter().find(|m| m.0 == stream) {
             return Ok(m.1);
         }
-        let (status, id) = backend.capture_state(stream, &mut self.capture_scratch.other)?;
+        let (status, id) = self.capture_status(backend, stream)?;
         let ok = status == CaptureStatus::Active && id == capture;
         member.push((stream, ok));
         Ok(ok)

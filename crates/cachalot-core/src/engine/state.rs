@@ -1205,7 +1205,7 @@ impl<B: Backend> Inner<B> {
 
     /// Capture status and id of `stream` (no allocation: the terminals go
     /// into a scratch buffer).
-    fn capture_status(
+    pub(crate) fn capture_status(
         &mut self,
         backend: &B,
         stream: B::Stream,
