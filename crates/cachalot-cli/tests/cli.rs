@@ -25,6 +25,13 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// Asserts a usage error: exit status 2 and a message naming `needle`.
+fn assert_usage_error(o: &Output, needle: &str) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains(needle), "'{needle}' not in: {err}");
+}
+
 fn tmp_dir() -> PathBuf {
     let d = std::env::temp_dir().join(format!("cachalot-cli-test-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
@@ -180,10 +187,8 @@ fn bad_config_exits_2_naming_the_key() {
         "--config",
         "max_split_size_mb:lots",
     ]);
-    assert_eq!(o.status.code(), Some(2));
-    let err = stderr(&o);
-    assert!(err.contains("max_split_size_mb"), "{err}");
-    assert!(!err.contains("panicked"), "{err}");
+    assert_usage_error(&o, "max_split_size_mb");
+    assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
     let o = run(&[
         "summary",
         "hit_1mib",
@@ -192,20 +197,14 @@ fn bad_config_exits_2_naming_the_key() {
         "--config",
         "no_such_key:1",
     ]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("no_such_key"), "{}", stderr(&o));
+    assert_usage_error(&o, "no_such_key");
     // From the environment too.
     let o = bin()
         .args(["replay", "hit_1mib", "--backend", "mock"])
         .env("CACHALOT_ALLOC_CONF", "garbage_collection_threshold:2")
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(2));
-    assert!(
-        stderr(&o).contains("garbage_collection_threshold"),
-        "{}",
-        stderr(&o)
-    );
+    assert_usage_error(&o, "garbage_collection_threshold");
 }
 
 #[test]
@@ -213,22 +212,16 @@ fn bad_inputs_exit_2_without_panicking() {
     let dir = tmp_dir();
     let missing = dir.join("missing.trace");
     let o = run(&["replay", missing.to_str().unwrap(), "--backend", "mock"]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("missing.trace"), "{}", stderr(&o));
+    assert_usage_error(&o, "missing.trace");
 
     let bad = dir.join("bad.trace");
     std::fs::write(&bad, "a 0 100 0\nx 1\n").unwrap();
     let o = run(&["replay", bad.to_str().unwrap(), "--backend", "mock"]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains(":2:"), "line number: {}", stderr(&o));
+    // the line number
+    assert_usage_error(&o, ":2:");
 
     let o = run(&["replay", "hit_1mib", "--backend", "tpu"]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(
-        stderr(&o).contains("unknown backend 'tpu'"),
-        "{}",
-        stderr(&o)
-    );
+    assert_usage_error(&o, "unknown backend 'tpu'");
 
     let o = bin()
         .args(["replay", "hit_1mib"])
@@ -415,19 +408,9 @@ fn capture_sim_json() {
     let bad = run(&["capture-sim", "--reuse", "sometimes"]);
     assert_eq!(bad.status.code(), Some(2));
     let bad = run(&["capture-sim", "--backend", "tpu"]);
-    assert_eq!(bad.status.code(), Some(2));
-    assert!(
-        stderr(&bad).contains("expected mock or cuda"),
-        "{}",
-        stderr(&bad)
-    );
+    assert_usage_error(&bad, "expected mock or cuda");
     let bad = run(&["capture-sim", "--mock-placement", "random"]);
-    assert_eq!(bad.status.code(), Some(2));
-    assert!(
-        stderr(&bad).contains("expected cuda13 or increasing"),
-        "{}",
-        stderr(&bad)
-    );
+    assert_usage_error(&bad, "expected cuda13 or increasing");
 }
 
 /// `--backend cuda`: on a machine with a GPU this program gives the mock's
