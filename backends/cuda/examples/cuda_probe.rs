@@ -17,7 +17,7 @@ fn main() {
                             "  device {i}: {} ({} MiB), capture introspection: {}",
                             b.device_name(),
                             mem >> 20,
-                            b.supports_capture()
+                            b.capture().is_some()
                         );
                     }
                     Err(e) => println!("  device {i}: {e}"),

@@ -39,8 +39,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cachalot_core::{
-    Backend, BackendError, CaptureInfo, CaptureStatus, DependencyUpdate, DeviceAllocError,
-    DeviceIndex, Error, MemoryInfo,
+    Backend, BackendError, CaptureStatus, DependencyUpdate, DeviceAllocError, DeviceIndex, Error,
+    GraphCapture, MemoryInfo, NoVirtualMemory,
 };
 use cudarc::driver::result::DriverError;
 use cudarc::driver::sys;
@@ -564,7 +564,8 @@ impl Backend for CudaBackend {
     type Stream = CudaStream;
     type Event = CudaEvent;
     type Ptr = u64;
-    type Node = CudaNode;
+    type Capture = Self;
+    type VirtualMemory = NoVirtualMemory;
 
     fn name(&self) -> &'static str {
         NAME
@@ -645,17 +646,26 @@ impl Backend for CudaBackend {
         driver::ctx_synchronize().map_err(to_backend("cuCtxSynchronize"))
     }
 
-    fn supports_capture(&self) -> bool {
-        self.ctx.capture
+    fn capture(&self) -> Option<&Self> {
+        self.ctx.capture.then_some(self)
     }
+}
 
-    fn capture_info(&self, stream: CudaStream) -> Result<CaptureInfo<CudaNode>, BackendError> {
+impl GraphCapture<CudaStream> for CudaBackend {
+    type Node = CudaNode;
+
+    fn capture_state(
+        &self,
+        stream: CudaStream,
+        terminals: &mut Vec<CudaNode>,
+    ) -> Result<(CaptureStatus, u64), BackendError> {
+        terminals.clear();
         if !self.ctx.capture {
-            return Ok(CaptureInfo::none());
+            return Ok((CaptureStatus::None, 0));
         }
         let raw = self.raw_capture_info(stream, "cuStreamGetCaptureInfo")?;
         let status = match raw.status {
-            0 => CaptureStatus::None,
+            0 => return Ok((CaptureStatus::None, 0)),
             1 => CaptureStatus::Active,
             2 => CaptureStatus::Invalidated,
             other => {
@@ -667,24 +677,23 @@ impl Backend for CudaBackend {
                 ));
             }
         };
-        if status == CaptureStatus::None {
-            return Ok(CaptureInfo::none());
-        }
-        Ok(CaptureInfo {
-            status,
-            id: raw.id,
-            terminals: raw.deps.into_iter().map(CudaNode::from_raw).collect(),
-        })
+        terminals.extend(raw.deps.into_iter().map(CudaNode::from_raw));
+        Ok((status, raw.id))
     }
 
-    fn node_dependencies(&self, node: CudaNode) -> Result<Vec<CudaNode>, BackendError> {
+    fn extend_node_dependencies(
+        &self,
+        node: CudaNode,
+        out: &mut Vec<CudaNode>,
+    ) -> Result<(), BackendError> {
         if !self.ctx.capture {
             return Err(unsupported_capture("cuGraphNodeGetDependencies"));
         }
         let _b = self.ctx.bind("cuGraphNodeGetDependencies")?;
         let deps = driver::graph_node_get_dependencies(node.as_raw())
             .map_err(to_backend("cuGraphNodeGetDependencies"))?;
-        Ok(deps.into_iter().map(CudaNode::from_raw).collect())
+        out.extend(deps.into_iter().map(CudaNode::from_raw));
+        Ok(())
     }
 
     fn add_empty_node(

@@ -22,8 +22,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use cachalot_core::{
-    Backend, BackendError, CaptureInfo, CaptureStatus, DependencyUpdate, DeviceAllocError,
-    DeviceIndex, MemoryInfo,
+    Backend, BackendError, CaptureStatus, DependencyUpdate, DeviceAllocError, DeviceIndex,
+    GraphCapture, MemoryInfo, NoVirtualMemory,
 };
 pub use cachalot_hip_sys as sys;
 use cachalot_hip_sys::{HipApi, LoadError};
@@ -344,7 +344,8 @@ impl Backend for HipBackend {
     type Stream = HipStream;
     type Event = HipEvent;
     type Ptr = u64;
-    type Node = HipGraphNode;
+    type Capture = Self;
+    type VirtualMemory = NoVirtualMemory;
 
     fn name(&self) -> &'static str {
         NAME
@@ -436,19 +437,28 @@ impl Backend for HipBackend {
         result::device_synchronize(&self.api).map_err(|e| self.err(e))
     }
 
-    fn supports_capture(&self) -> bool {
-        self.api.has_capture()
+    fn capture(&self) -> Option<&Self> {
+        self.api.has_capture().then_some(self)
     }
+}
 
-    fn capture_info(&self, stream: HipStream) -> Result<CaptureInfo<HipGraphNode>, BackendError> {
+impl GraphCapture<HipStream> for HipBackend {
+    type Node = HipGraphNode;
+
+    fn capture_state(
+        &self,
+        stream: HipStream,
+        terminals: &mut Vec<HipGraphNode>,
+    ) -> Result<(CaptureStatus, u64), BackendError> {
+        terminals.clear();
         if !self.api.has_capture() {
-            return Ok(CaptureInfo::none());
+            return Ok((CaptureStatus::None, 0));
         }
         // SAFETY: the stream handle per HipStream's contract.
         let info = unsafe { result::stream_get_capture_info(&self.api, stream.as_raw()) }
             .map_err(|e| self.err(e))?;
         let status = match info.status {
-            cachalot_hip_sys::hipStreamCaptureStatusNone => return Ok(CaptureInfo::none()),
+            cachalot_hip_sys::hipStreamCaptureStatusNone => return Ok((CaptureStatus::None, 0)),
             cachalot_hip_sys::hipStreamCaptureStatusActive => CaptureStatus::Active,
             cachalot_hip_sys::hipStreamCaptureStatusInvalidated => CaptureStatus::Invalidated,
             other => {
@@ -460,26 +470,24 @@ impl Backend for HipBackend {
                 ));
             }
         };
-        Ok(CaptureInfo {
-            status,
-            id: info.id,
-            terminals: info
-                .deps
+        terminals.extend(
+            info.deps
                 .into_iter()
-                .map(|p| HipGraphNode(p as usize as u64))
-                .collect(),
-        })
+                .map(|p| HipGraphNode(p as usize as u64)),
+        );
+        Ok((status, info.id))
     }
 
-    fn node_dependencies(&self, node: HipGraphNode) -> Result<Vec<HipGraphNode>, BackendError> {
-        // SAFETY: nodes come from capture_info/add_empty_node of a live capture.
-        unsafe { result::graph_node_get_dependencies(&self.api, node.as_raw()) }
-            .map(|v| {
-                v.into_iter()
-                    .map(|p| HipGraphNode(p as usize as u64))
-                    .collect()
-            })
-            .map_err(|e| self.err(e))
+    fn extend_node_dependencies(
+        &self,
+        node: HipGraphNode,
+        out: &mut Vec<HipGraphNode>,
+    ) -> Result<(), BackendError> {
+        // SAFETY: nodes come from capture_state/add_empty_node of a live capture.
+        let deps = unsafe { result::graph_node_get_dependencies(&self.api, node.as_raw()) }
+            .map_err(|e| self.err(e))?;
+        out.extend(deps.into_iter().map(|p| HipGraphNode(p as usize as u64)));
+        Ok(())
     }
 
     fn add_empty_node(

@@ -4,6 +4,8 @@
 //! AMD GPU the smoke test runs for real.
 
 use cachalot_core::{Backend, DeviceAllocError};
+#[allow(unused_imports)]
+use cachalot_core::{CaptureQuery as _, GraphCapture as _};
 use cachalot_hip::{HipBackend, OpenError};
 use cachalot_hip_sys::LoadError;
 

@@ -5,7 +5,7 @@
 //! `zeMemAllocDevice`/`zeMemFree`, immediate command lists as streams, event
 //! pools and events, and the device memory properties.
 //!
-//! Level Zero has no stream capture: [`Backend::supports_capture`] is false,
+//! Level Zero has no stream capture: [`Backend::capture`] is `None` ([`cachalot_core::NoCapture`]),
 //! so the engine rejects capture calls with
 //! [`cachalot_core::CaptureError::Unsupported`].
 //!
@@ -31,7 +31,9 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use cachalot_core::{Backend, BackendError, DeviceAllocError, DeviceIndex, MemoryInfo};
+use cachalot_core::{
+    Backend, BackendError, DeviceAllocError, DeviceIndex, MemoryInfo, NoCapture, NoVirtualMemory,
+};
 pub use cachalot_level_zero_sys as sys;
 use cachalot_level_zero_sys::{LoadError, ZeApi};
 
@@ -415,7 +417,8 @@ impl Backend for LevelZeroBackend {
     type Stream = ZeStream;
     type Event = ZeEvent;
     type Ptr = u64;
-    type Node = ();
+    type Capture = NoCapture;
+    type VirtualMemory = NoVirtualMemory;
 
     fn name(&self) -> &'static str {
         NAME
@@ -518,10 +521,6 @@ impl Backend for LevelZeroBackend {
             self.synchronize_event(&ev)?;
         }
         ev.destroy()
-    }
-
-    fn supports_capture(&self) -> bool {
-        false
     }
 }
 

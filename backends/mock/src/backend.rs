@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use cachalot_core::{
-    Backend, BackendError, CaptureInfo, CaptureStatus, DependencyUpdate, DeviceAllocError,
-    DeviceIndex, MemoryInfo,
+    Backend, BackendError, CaptureStatus, DependencyUpdate, DeviceAllocError, DeviceIndex,
+    GraphCapture, MemoryInfo, NoVirtualMemory,
 };
 use parking_lot::Mutex;
 
@@ -102,7 +102,6 @@ struct State {
     free_calls: u64,
     free_failures: BTreeSet<u64>,
     /// The stack of `walk_ancestors`, kept between walks.
-    walk_stack: Vec<MockNode>,
     /// The stack of `mark_ancestors`, kept between walks.
     mark_stack: Vec<u32>,
 }
@@ -138,7 +137,6 @@ impl State {
             event_failures: BTreeSet::new(),
             free_calls: 0,
             free_failures: BTreeSet::new(),
-            walk_stack: Vec::new(),
             mark_stack: Vec::new(),
         }
     }
@@ -700,16 +698,6 @@ impl State {
 
     // ----- capture -------------------------------------------------------
 
-    fn capture_info(&self, s: MockStream) -> Result<CaptureInfo<MockNode>, BackendError> {
-        let mut terminals = Vec::new();
-        let (status, id) = self.capture_state(s, &mut terminals)?;
-        Ok(CaptureInfo {
-            status,
-            id,
-            terminals,
-        })
-    }
-
     fn capture_state(
         &self,
         s: MockStream,
@@ -735,66 +723,7 @@ impl State {
         })
     }
 
-    /// The reverse walk of `Backend::walk_ancestors`; returns the number of
-    /// nodes expanded (each counts as a `node_dependencies` call).
-    fn walk_ancestors<F: FnMut(MockNode) -> bool>(
-        &mut self,
-        from: &[MockNode],
-        mut visit: F,
-    ) -> Result<u64, BackendError> {
-        let mut stack = std::mem::take(&mut self.walk_stack);
-        stack.clear();
-        stack.extend(from.iter().copied().filter(|&n| visit(n)));
-        let mut deps: Vec<MockNode> = Vec::new();
-        let mut expanded = 0;
-        loop {
-            // Nodes of a graph still being captured: no copy of their edges.
-            let captures = &self.captures;
-            let mut graph: Option<(u64, &[GraphNode])> = None;
-            while let Some(&n) = stack.last() {
-                let nodes = match graph {
-                    Some((id, g)) if id == n.capture => g,
-                    _ => match captures.get(&n.capture) {
-                        Some(c) => {
-                            graph = Some((n.capture, &c.nodes));
-                            &c.nodes
-                        }
-                        None => break,
-                    },
-                };
-                let Some(g) = nodes.get(n.index as usize) else {
-                    break;
-                };
-                stack.pop();
-                expanded += 1;
-                for &index in &g.deps {
-                    let d = MockNode {
-                        capture: n.capture,
-                        index,
-                    };
-                    if visit(d) {
-                        stack.push(d);
-                    }
-                }
-            }
-            let Some(n) = stack.pop() else { break };
-            expanded += 1;
-            deps.clear();
-            if let Err(e) = self.extend_node_dependencies(n, &mut deps) {
-                self.walk_stack = stack;
-                return Err(e);
-            }
-            for &d in &deps {
-                if visit(d) {
-                    stack.push(d);
-                }
-            }
-        }
-        self.walk_stack = stack;
-        Ok(expanded)
-    }
-
-    /// The walk of `Backend::mark_ancestors` over the graph of capture
+    /// The walk of `GraphCapture::mark_ancestors` over the graph of capture
     /// `capture` while it is being captured (node numbers are indices);
     /// `None` when `from` holds a node of another graph or out of range.
     /// Returns the number of nodes expanded.
@@ -841,12 +770,6 @@ impl State {
             }
         }
         Some(expanded)
-    }
-
-    fn node_dependencies(&mut self, node: MockNode) -> Result<Vec<MockNode>, BackendError> {
-        let mut out = Vec::new();
-        self.extend_node_dependencies(node, &mut out)?;
-        Ok(out)
     }
 
     fn extend_node_dependencies(
@@ -1566,7 +1489,8 @@ impl Backend for MockBackend {
     type Stream = MockStream;
     type Event = MockEvent;
     type Ptr = u64;
-    type Node = MockNode;
+    type Capture = Self;
+    type VirtualMemory = NoVirtualMemory;
 
     fn name(&self) -> &'static str {
         NAME
@@ -1673,16 +1597,13 @@ impl Backend for MockBackend {
         })
     }
 
-    fn supports_capture(&self) -> bool {
-        true
+    fn capture(&self) -> Option<&Self> {
+        Some(self)
     }
+}
 
-    fn capture_info(&self, stream: MockStream) -> Result<CaptureInfo<MockNode>, BackendError> {
-        self.with(|st| {
-            st.counters.capture_info += 1;
-            st.capture_info(stream)
-        })
-    }
+impl GraphCapture<MockStream> for MockBackend {
+    type Node = MockNode;
 
     fn capture_state(
         &self,
@@ -1697,18 +1618,6 @@ impl Backend for MockBackend {
 
     fn node_index(&self, capture: u64, node: MockNode) -> Option<u32> {
         (self.node_numbers && node.capture == capture).then_some(node.index)
-    }
-
-    fn walk_ancestors<F: FnMut(MockNode) -> bool>(
-        &self,
-        from: &[MockNode],
-        visit: F,
-    ) -> Result<(), BackendError> {
-        self.with(|st| {
-            let expanded = st.walk_ancestors(from, visit)?;
-            st.counters.node_dependencies += expanded;
-            Ok(())
-        })
     }
 
     fn mark_ancestors(
@@ -1727,13 +1636,6 @@ impl Backend for MockBackend {
                 true
             }
             None => false,
-        })
-    }
-
-    fn node_dependencies(&self, node: MockNode) -> Result<Vec<MockNode>, BackendError> {
-        self.with(|st| {
-            st.counters.node_dependencies += 1;
-            st.node_dependencies(node)
         })
     }
 

@@ -2,6 +2,8 @@
 //! inspection, race checking inside graphs and graph replays.
 
 use cachalot_core::{Backend, CaptureInfo, CaptureStatus, DependencyUpdate};
+#[allow(unused_imports)]
+use cachalot_core::{CaptureQuery as _, GraphCapture as _};
 use cachalot_mock::{
     CaptureMode, MockBackend, MockConfig, MockNode, MockStream, NodeKind, Submitted, codes,
 };

@@ -277,7 +277,7 @@ fn counters_reset_and_clones_share_state() {
     assert_eq!(other.counters(), Default::default());
     assert_eq!(dev.name(), "mock");
     assert_eq!(MockConfig::new(G).device(3).build().device(), 3);
-    assert!(dev.supports_capture());
+    assert!(dev.capture().is_some());
 }
 
 #[test]

@@ -4,6 +4,8 @@
 #![allow(clippy::needless_range_loop)] // index loops read best in the oracle
 
 use cachalot_core::{Backend, CaptureStatus, DependencyUpdate};
+#[allow(unused_imports)]
+use cachalot_core::{CaptureQuery as _, GraphCapture as _};
 use cachalot_mock::{MockBackend, MockStream, Submitted};
 use proptest::prelude::*;
 

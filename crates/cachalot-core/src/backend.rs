@@ -82,7 +82,7 @@ impl<N> CaptureInfo<N> {
     }
 }
 
-/// How [`Backend::update_capture_dependencies`] changes a stream's dependency set.
+/// How [`GraphCapture::update_capture_dependencies`] changes a stream's dependency set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DependencyUpdate {
     /// Add the given nodes to the stream's terminal set.
@@ -97,6 +97,11 @@ pub enum DependencyUpdate {
 /// the engine calls [`Backend::malloc`] and [`Backend::free`] only on cache
 /// misses and releases, and the event methods only for blocks with
 /// cross-stream uses.
+///
+/// Two capabilities are optional, each behind an associated type and an
+/// accessor that answers `None` when the device lacks it: graph capture
+/// ([`Backend::Capture`], [`NoCapture`] for backends without it) and
+/// virtual memory ([`Backend::VirtualMemory`], [`NoVirtualMemory`]).
 pub trait Backend: Send + Sync + 'static {
     /// A stream handle: cheap to copy, totally ordered (the free-block search
     /// is keyed by stream first) and hashable.
@@ -106,8 +111,12 @@ pub trait Backend: Send + Sync + 'static {
     type Event: Send + 'static;
     /// The backend's device pointer type.
     type Ptr: DevicePointer;
-    /// A node of a capture graph (use `()` for backends without capture).
-    type Node: Copy + Eq + Hash + Debug + Send + Sync + 'static;
+    /// Stream-capture introspection ([`GraphCapture`]); [`NoCapture`] for
+    /// backends that cannot capture. Backends that can usually name `Self`.
+    type Capture: GraphCapture<Self::Stream>;
+    /// Virtual-memory management ([`VirtualMemory`]); [`NoVirtualMemory`]
+    /// for backends without it.
+    type VirtualMemory: VirtualMemory;
 
     /// Short backend name ("cuda", "hip", "level-zero", "mock").
     fn name(&self) -> &'static str;
@@ -143,73 +152,83 @@ pub trait Backend: Send + Sync + 'static {
     /// Blocks the host until all work on the device has completed.
     fn synchronize_device(&self) -> Result<(), BackendError>;
 
-    /// Whether the backend supports stream capture (graph) introspection.
-    /// When false, the engine rejects capture calls with a typed error and the
-    /// capture methods below are never called.
-    fn supports_capture(&self) -> bool {
-        false
+    /// The capture interface, or `None` when this device cannot capture
+    /// (always `None` with [`NoCapture`]). When `None`, the engine rejects
+    /// capture-id pool filters with a typed error and treats every stream as
+    /// not capturing.
+    fn capture(&self) -> Option<&Self::Capture> {
+        None
     }
-    /// Capture status, id and terminal node set of `stream`.
-    fn capture_info(&self, stream: Self::Stream) -> Result<CaptureInfo<Self::Node>, BackendError> {
-        let _ = stream;
-        Ok(CaptureInfo::none())
+
+    /// The virtual-memory interface, or `None` when this device has none.
+    fn virtual_memory(&self) -> Option<&Self::VirtualMemory> {
+        None
     }
-    /// Capture status and id of `stream`, its terminal node set written into
-    /// `terminals` (cleared first; left empty when not capturing): the answer
-    /// of [`Backend::capture_info`] without allocating. The engine's capture
-    /// paths call this; backends override it to fill the buffer in place.
+}
+
+/// The node type of a backend's capture graphs.
+pub type NodeOf<B> = <<B as Backend>::Capture as GraphCapture<<B as Backend>::Stream>>::Node;
+
+/// Stream-capture (graph) introspection for streams of type `S`: what the
+/// engine needs to route allocations to private pools and to reuse blocks
+/// freed during a capture (PyTorch PR #158352).
+///
+/// Required: [`GraphCapture::capture_state`] (status, id and terminal nodes
+/// of a stream), [`GraphCapture::extend_node_dependencies`] (the step of the
+/// engine's reverse walk over the graph) and the two graph edits. Optional,
+/// as one fast path: [`GraphCapture::node_index`] together with
+/// [`GraphCapture::mark_ancestors`], for backends that number their nodes
+/// and can walk their graph in one call. [`CaptureQuery`] adds allocating
+/// conveniences on top.
+pub trait GraphCapture<S>: Send + Sync {
+    /// A node of a capture graph.
+    type Node: Copy + Eq + Hash + Debug + Send + Sync + 'static;
+
+    /// Capture status and id of `stream`, its terminal node set (the nodes
+    /// the next captured operation on it will depend on) written into
+    /// `terminals`: cleared first, left empty when not capturing. Must not
+    /// allocate beyond growing `terminals`.
     fn capture_state(
         &self,
-        stream: Self::Stream,
+        stream: S,
         terminals: &mut Vec<Self::Node>,
-    ) -> Result<(CaptureStatus, u64), BackendError> {
-        let info = self.capture_info(stream)?;
-        terminals.clear();
-        terminals.extend(info.terminals);
-        Ok((info.status, info.id))
-    }
-    /// A small dense number of `node` within the graph of capture `capture`
-    /// (its creation index, say), or `None` when the backend has none; the
-    /// engine then numbers nodes itself. A backend numbers either every node
-    /// of a capture's graph or none. Must be cheap and must not block: the
-    /// engine calls it from inside [`Backend::walk_ancestors`]'s callback.
+    ) -> Result<(CaptureStatus, u64), BackendError>;
+
+    /// Appends the direct dependencies (parents) of `node` to `out`.
+    fn extend_node_dependencies(
+        &self,
+        node: Self::Node,
+        out: &mut Vec<Self::Node>,
+    ) -> Result<(), BackendError>;
+
+    /// Adds an empty node depending on `deps` to the graph `stream` captures into.
+    fn add_empty_node(&self, stream: S, deps: &[Self::Node]) -> Result<Self::Node, BackendError>;
+
+    /// Adds to or replaces the capture dependencies of `stream`.
+    fn update_capture_dependencies(
+        &self,
+        stream: S,
+        nodes: &[Self::Node],
+        mode: DependencyUpdate,
+    ) -> Result<(), BackendError>;
+
+    /// Fast path, part 1: a small dense number of `node` within the graph
+    /// of capture `capture` (its creation index, say), or `None` when the
+    /// backend has none; the engine then numbers nodes itself. A backend
+    /// numbers either every node of a capture's graph or none. Must be
+    /// cheap and must not block.
     fn node_index(&self, capture: u64, node: Self::Node) -> Option<u32> {
         let _ = (capture, node);
         None
     }
-    /// Reverse walk of a capture graph: calls `visit` on every node of
-    /// `from`, then on every direct dependency of each node for which `visit`
-    /// returned true (a node to expand), until none is left. `visit` may call
-    /// [`Backend::node_index`] and no other method (a backend may hold a lock
-    /// during the walk). The default expands nodes one at a time with
-    /// [`Backend::extend_node_dependencies`]; backends override it to walk
-    /// their graph in one call.
-    fn walk_ancestors<F: FnMut(Self::Node) -> bool>(
-        &self,
-        from: &[Self::Node],
-        mut visit: F,
-    ) -> Result<(), BackendError> {
-        let mut stack: Vec<Self::Node> = from.iter().copied().filter(|&n| visit(n)).collect();
-        let mut deps: Vec<Self::Node> = Vec::new();
-        while let Some(n) = stack.pop() {
-            deps.clear();
-            self.extend_node_dependencies(n, &mut deps)?;
-            for &d in &deps {
-                if visit(d) {
-                    stack.push(d);
-                }
-            }
-        }
-        Ok(())
-    }
-    /// Marks in `visited`, a bitset over the [`Backend::node_index`] numbers
-    /// of capture `capture` (bit `i % 64` of word `i / 64`, grown as
-    /// needed), the ancestors-or-self of `from`: a node is marked, and its
-    /// dependencies looked at, only if it was not marked already. Returns
-    /// false, having marked nothing, when the backend has no such walk for
-    /// these nodes; the engine then walks with
-    /// [`Backend::walk_ancestors`]. Backends that number nodes override it
-    /// to walk their graph without a callback per node.
+
+    /// Fast path, part 2: marks in `visited`, a bitset over the
+    /// [`GraphCapture::node_index`] numbers of capture `capture` (bit
+    /// `i % 64` of word `i / 64`, grown as needed), the ancestors-or-self of
+    /// `from`: a node is marked, and its dependencies looked at, only if it
+    /// was not marked already. Returns false, having marked nothing, when
+    /// the backend cannot walk these nodes so; the engine then walks with
+    /// [`GraphCapture::extend_node_dependencies`].
     fn mark_ancestors(
         &self,
         capture: u64,
@@ -219,42 +238,126 @@ pub trait Backend: Send + Sync + 'static {
         let _ = (capture, from, visited);
         Ok(false)
     }
+}
+
+/// Allocating conveniences over every [`GraphCapture`] (for tests and tools;
+/// the engine uses the buffer-filling methods). Implemented for all capture
+/// types; not meant to be implemented by backends.
+pub trait CaptureQuery<S>: GraphCapture<S> {
+    /// Capture status, id and terminal node set of `stream`.
+    fn capture_info(&self, stream: S) -> Result<CaptureInfo<Self::Node>, BackendError> {
+        let mut terminals = Vec::new();
+        let (status, id) = self.capture_state(stream, &mut terminals)?;
+        Ok(CaptureInfo {
+            status,
+            id,
+            terminals,
+        })
+    }
+
     /// The direct dependencies (parents) of a graph node.
     fn node_dependencies(&self, node: Self::Node) -> Result<Vec<Self::Node>, BackendError> {
-        let _ = node;
-        Err(BackendError::unsupported(self.name(), "node_dependencies"))
+        let mut out = Vec::new();
+        self.extend_node_dependencies(node, &mut out)?;
+        Ok(out)
     }
-    /// Appends the direct dependencies of `node` to `out` (the engine's
-    /// reverse walk calls this once per node; backends override it to avoid
-    /// allocating a `Vec` per call).
-    fn extend_node_dependencies(
+}
+
+impl<S, C: GraphCapture<S> + ?Sized> CaptureQuery<S> for C {}
+
+/// The capture type of backends that cannot capture: it has no values, so
+/// [`Backend::capture`] can only answer `None`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoCapture {}
+
+impl<S> GraphCapture<S> for NoCapture {
+    type Node = ();
+
+    fn capture_state(
         &self,
-        node: Self::Node,
-        out: &mut Vec<Self::Node>,
-    ) -> Result<(), BackendError> {
-        out.extend(self.node_dependencies(node)?);
-        Ok(())
+        _stream: S,
+        _terminals: &mut Vec<()>,
+    ) -> Result<(CaptureStatus, u64), BackendError> {
+        match *self {}
     }
-    /// Adds an empty node depending on `deps` to the graph `stream` captures into.
-    fn add_empty_node(
-        &self,
-        stream: Self::Stream,
-        deps: &[Self::Node],
-    ) -> Result<Self::Node, BackendError> {
-        let _ = (stream, deps);
-        Err(BackendError::unsupported(self.name(), "add_empty_node"))
+
+    fn extend_node_dependencies(&self, _node: (), _out: &mut Vec<()>) -> Result<(), BackendError> {
+        match *self {}
     }
-    /// Adds to or replaces the capture dependencies of `stream`.
+
+    fn add_empty_node(&self, _stream: S, _deps: &[()]) -> Result<(), BackendError> {
+        match *self {}
+    }
+
     fn update_capture_dependencies(
         &self,
-        stream: Self::Stream,
-        nodes: &[Self::Node],
-        mode: DependencyUpdate,
+        _stream: S,
+        _nodes: &[()],
+        _mode: DependencyUpdate,
     ) -> Result<(), BackendError> {
-        let _ = (stream, nodes, mode);
-        Err(BackendError::unsupported(
-            self.name(),
-            "update_capture_dependencies",
-        ))
+        match *self {}
+    }
+}
+
+/// Virtual-memory management (CUDA's `cuMem*`, HIP's `hipMem*`, Level
+/// Zero's `zeVirtualMem*`/`zePhysicalMem*`): reserve an address range, back
+/// parts of it with physical pages, and make them accessible. The engine's
+/// expandable segments build on it; no backend implements it yet
+/// (every backend names [`NoVirtualMemory`]).
+///
+/// Every size and offset is a multiple of [`VirtualMemory::granularity`].
+pub trait VirtualMemory: Send + Sync {
+    /// A handle to physical memory (CUDA's `CUmemGenericAllocationHandle`).
+    type Physical: Send + 'static;
+
+    /// The mapping granularity in bytes (a power of two).
+    fn granularity(&self) -> Result<u64, BackendError>;
+    /// Reserves `size` bytes of virtual address space; returns its start.
+    fn reserve(&self, size: u64) -> Result<u64, DeviceAllocError>;
+    /// Returns a range obtained from [`VirtualMemory::reserve`] (nothing mapped in it).
+    fn unreserve(&self, addr: u64, size: u64) -> Result<(), BackendError>;
+    /// Creates `size` bytes of physical memory on the device.
+    fn create_physical(&self, size: u64) -> Result<Self::Physical, DeviceAllocError>;
+    /// Releases physical memory (once it is mapped nowhere).
+    fn release_physical(&self, physical: Self::Physical) -> Result<(), BackendError>;
+    /// Maps `physical` (all of it, `size` bytes) at `addr` in a reserved range.
+    fn map(&self, addr: u64, size: u64, physical: &Self::Physical) -> Result<(), BackendError>;
+    /// Unmaps `[addr, addr + size)`.
+    fn unmap(&self, addr: u64, size: u64) -> Result<(), BackendError>;
+    /// Makes `[addr, addr + size)` readable and writable from `device`.
+    fn set_access(&self, addr: u64, size: u64, device: DeviceIndex) -> Result<(), BackendError>;
+}
+
+/// The virtual-memory type of backends without it: it has no values, so
+/// [`Backend::virtual_memory`] can only answer `None`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoVirtualMemory {}
+
+impl VirtualMemory for NoVirtualMemory {
+    type Physical = ();
+
+    fn granularity(&self) -> Result<u64, BackendError> {
+        match *self {}
+    }
+    fn reserve(&self, _size: u64) -> Result<u64, DeviceAllocError> {
+        match *self {}
+    }
+    fn unreserve(&self, _addr: u64, _size: u64) -> Result<(), BackendError> {
+        match *self {}
+    }
+    fn create_physical(&self, _size: u64) -> Result<(), DeviceAllocError> {
+        match *self {}
+    }
+    fn release_physical(&self, _physical: ()) -> Result<(), BackendError> {
+        match *self {}
+    }
+    fn map(&self, _addr: u64, _size: u64, _physical: &()) -> Result<(), BackendError> {
+        match *self {}
+    }
+    fn unmap(&self, _addr: u64, _size: u64) -> Result<(), BackendError> {
+        match *self {}
+    }
+    fn set_access(&self, _addr: u64, _size: u64, _device: DeviceIndex) -> Result<(), BackendError> {
+        match *self {}
     }
 }

@@ -17,7 +17,8 @@ pub mod error;
 pub mod stats;
 
 pub use backend::{
-    Backend, CaptureInfo, CaptureStatus, DependencyUpdate, DeviceIndex, DevicePointer, MemoryInfo,
+    Backend, CaptureInfo, CaptureQuery, CaptureStatus, DependencyUpdate, DeviceIndex,
+    DevicePointer, GraphCapture, MemoryInfo, NoCapture, NoVirtualMemory, NodeOf, VirtualMemory,
 };
 pub use config::{AllocatorConfig, CaptureReuse};
 pub use error::{

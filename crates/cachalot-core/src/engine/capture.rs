@@ -30,10 +30,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 
-use crate::backend::{Backend, CaptureStatus};
+use crate::backend::{Backend, CaptureStatus, GraphCapture, NodeOf};
 use crate::config::CaptureReuse;
 use crate::engine::state::{BState, BlockId, Inner, Params, PoolFilter, PoolIdx, ReuseContext};
-use crate::error::Error;
+use crate::error::{BackendError, CaptureError, Error};
 
 /// A fast hasher for graph nodes (small ids or pointers).
 #[derive(Default, Clone, Copy)]
@@ -74,6 +74,41 @@ impl Hasher for NodeHasher {
 /// A map keyed by streams, capture ids or nodes, with the fast hasher.
 pub(crate) type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<NodeHasher>>;
 
+/// Capture status and id of `stream`, its terminals written into
+/// `terminals`: "not capturing" on a backend without capture.
+#[inline]
+pub(crate) fn capture_state<B: Backend>(
+    backend: &B,
+    stream: B::Stream,
+    terminals: &mut Vec<NodeOf<B>>,
+) -> Result<(CaptureStatus, u64), BackendError> {
+    match backend.capture() {
+        Some(c) => c.capture_state(stream, terminals),
+        None => {
+            terminals.clear();
+            Ok((CaptureStatus::None, 0))
+        }
+    }
+}
+
+/// The capture id of `stream` if it is capturing (status active).
+pub(crate) fn active_capture_id<B: Backend>(
+    backend: &B,
+    stream: B::Stream,
+) -> Result<Option<u64>, BackendError> {
+    let mut terminals = Vec::new();
+    let (status, id) = capture_state(backend, stream, &mut terminals)?;
+    Ok((status == CaptureStatus::Active).then_some(id))
+}
+
+/// The backend's capture interface; only asked for once a stream was seen
+/// capturing, which a backend without capture never reports.
+fn graph<B: Backend>(backend: &B) -> Result<&B::Capture, Error> {
+    backend
+        .capture()
+        .ok_or_else(|| CaptureError::Unsupported(backend.name()).into())
+}
+
 /// Largest node number a visited bitset grows to (2^26 nodes, 8 MiB): a
 /// larger number from the backend is treated as unnumbered.
 const MAX_NODE_NUMBER: u32 = 1 << 26;
@@ -98,7 +133,7 @@ fn bit_test(bits: &[u64], i: u32) -> bool {
 }
 
 /// Dense numbers of the nodes of one capture's graph: the backend's
-/// ([`Backend::node_index`]) when it has them, else the engine's own.
+/// ([`GraphCapture::node_index`]) when it has them, else the engine's own.
 struct Numbering<N> {
     /// `Some(true)`: the backend numbers nodes; `Some(false)`: the engine
     /// does; `None`: no node seen yet.
@@ -125,7 +160,12 @@ impl<N: Copy + Eq + std::hash::Hash> Numbering<N> {
     /// The number of `node`, numbering it if new; `None` when it cannot be
     /// numbered (then it is never counted as visited).
     #[inline]
-    fn number<B: Backend<Node = N>>(&mut self, backend: &B, capture: u64, node: N) -> Option<u32> {
+    fn number<S, C: GraphCapture<S, Node = N>>(
+        &mut self,
+        backend: &C,
+        capture: u64,
+        node: N,
+    ) -> Option<u32> {
         match (backend.node_index(capture, node), self.backend) {
             (Some(i), None | Some(true)) if i < MAX_NODE_NUMBER => {
                 self.backend = Some(true);
@@ -150,7 +190,12 @@ impl<N: Copy + Eq + std::hash::Hash> Numbering<N> {
 
     /// The number of `node` if it has one.
     #[inline]
-    fn find<B: Backend<Node = N>>(&self, backend: &B, capture: u64, node: N) -> Option<u32> {
+    fn find<S, C: GraphCapture<S, Node = N>>(
+        &self,
+        backend: &C,
+        capture: u64,
+        node: N,
+    ) -> Option<u32> {
         if self.broken {
             return None;
         }
@@ -170,9 +215,11 @@ impl<N: Copy + Eq + std::hash::Hash> Numbering<N> {
 pub(crate) struct Reach<S, N> {
     num: Numbering<N>,
     streams: Vec<(S, Vec<u64>)>,
-    /// The engine-numbered walk's buffers: numbers to expand, and one
-    /// node's dependencies as the backend gives them.
+    /// The walks' buffers: numbers to expand (engine numbers), nodes to
+    /// expand (backend numbers), and one node's dependencies as the backend
+    /// gives them.
     stack: Vec<u32>,
+    nodes: Vec<N>,
     fetched: Vec<N>,
 }
 
@@ -189,6 +236,7 @@ impl<S, N> Default for Reach<S, N> {
             },
             streams: Vec::new(),
             stack: Vec::new(),
+            nodes: Vec::new(),
             fetched: Vec::new(),
         }
     }
@@ -205,9 +253,9 @@ impl<S: Copy + Eq, N: Copy + Eq + std::hash::Hash> Reach<S, N> {
     }
 
     /// Whether every node of `nodes` is in `stream`'s visited set.
-    fn all_visited<B: Backend<Node = N>>(
+    fn all_visited<C: GraphCapture<S, Node = N>>(
         &self,
-        backend: &B,
+        backend: &C,
         capture: u64,
         stream: S,
         nodes: &[N],
@@ -225,11 +273,12 @@ impl<S: Copy + Eq, N: Copy + Eq + std::hash::Hash> Reach<S, N> {
     /// Adds the ancestors-or-self of `terminals` to `stream`'s visited set
     /// (incremental reverse walk: a visited node is never expanded again).
     /// With the backend's numbers the backend marks the bitset itself
-    /// ([`Backend::mark_ancestors`]) when it can; otherwise the walk goes
-    /// through [`Backend::walk_ancestors`], one callback per node met.
-    fn visit<B: Backend<Node = N>>(
+    /// ([`GraphCapture::mark_ancestors`]) when it can; otherwise the engine
+    /// walks, one [`GraphCapture::extend_node_dependencies`] call per node
+    /// expanded (with engine numbers, once per node and capture).
+    fn visit<C: GraphCapture<S, Node = N>>(
         &mut self,
-        backend: &B,
+        backend: &C,
         capture: u64,
         stream: S,
         terminals: &[N],
@@ -256,15 +305,18 @@ impl<S: Copy + Eq, N: Copy + Eq + std::hash::Hash> Reach<S, N> {
             return Ok(());
         }
         if num.backend == Some(true) && !num.broken {
-            // The backend numbers nodes (known from an earlier node).
+            // The backend numbers nodes (known from an earlier node) but
+            // could not mark these: walk here with its numbers.
             let mut broken = false;
-            let r = backend.walk_ancestors(terminals, |n| match backend.node_index(capture, n) {
-                Some(i) if i < MAX_NODE_NUMBER => bit_set(bits, i),
-                _ => {
-                    broken = true;
-                    false
-                }
-            });
+            let r = walk_numbered(
+                backend,
+                capture,
+                bits,
+                terminals,
+                &mut self.nodes,
+                &mut self.fetched,
+                &mut broken,
+            );
             num.broken |= broken;
             r?;
         } else {
@@ -284,17 +336,50 @@ impl<S: Copy + Eq, N: Copy + Eq + std::hash::Hash> Reach<S, N> {
     }
 }
 
+/// The reverse walk over the backend's node numbers (see [`Reach::visit`]):
+/// marks in `bits` the ancestors-or-self of `terminals`; a node the backend
+/// does not number sets `broken` and is not expanded.
+fn walk_numbered<S, C: GraphCapture<S>>(
+    backend: &C,
+    capture: u64,
+    bits: &mut Vec<u64>,
+    terminals: &[C::Node],
+    stack: &mut Vec<C::Node>,
+    fetched: &mut Vec<C::Node>,
+    broken: &mut bool,
+) -> Result<(), Error> {
+    let mut visit = |n: C::Node| match backend.node_index(capture, n) {
+        Some(i) if i < MAX_NODE_NUMBER => bit_set(bits, i),
+        _ => {
+            *broken = true;
+            false
+        }
+    };
+    stack.clear();
+    stack.extend(terminals.iter().copied().filter(|&n| visit(n)));
+    while let Some(n) = stack.pop() {
+        fetched.clear();
+        backend.extend_node_dependencies(n, fetched)?;
+        for &d in fetched.iter() {
+            if visit(d) {
+                stack.push(d);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The reverse walk over engine numbers (see [`Reach::visit`]): marks in
 /// `bits` the ancestors-or-self of `terminals`, expanding each newly marked
 /// node through `num`'s dependency cache.
-fn walk_interned<B: Backend>(
-    backend: &B,
+fn walk_interned<S, C: GraphCapture<S>>(
+    backend: &C,
     capture: u64,
-    num: &mut Numbering<B::Node>,
+    num: &mut Numbering<C::Node>,
     bits: &mut Vec<u64>,
-    terminals: &[B::Node],
+    terminals: &[C::Node],
     stack: &mut Vec<u32>,
-    fetched: &mut Vec<B::Node>,
+    fetched: &mut Vec<C::Node>,
 ) -> Result<(), Error> {
     stack.clear();
     for &t in terminals {
@@ -505,7 +590,11 @@ impl<S, N> Default for CaptureScratch<S, N> {
 impl<B: Backend> Inner<B> {
     /// Free markers of a block freed during capture; empty = wait for the
     /// capture's end. Never fails: any doubt gives the safe empty list.
-    pub(crate) fn free_markers(&mut self, backend: &B, id: BlockId) -> Result<Vec<B::Node>, Error> {
+    pub(crate) fn free_markers(
+        &mut self,
+        backend: &B,
+        id: BlockId,
+    ) -> Result<Vec<NodeOf<B>>, Error> {
         let b = &self.blocks[id as usize];
         // Uses recorded before the capture are eager work the graph does not
         // order: those blocks wait for capture end and their events (PyTorch
@@ -515,7 +604,7 @@ impl<B: Backend> Inner<B> {
         }
         let uses = 1 + b.capture_uses.len();
         let buf = &mut self.capture_scratch.other;
-        let mut markers: Vec<B::Node> = Vec::new();
+        let mut markers: Vec<NodeOf<B>> = Vec::new();
         let mut capture_id = None;
         for k in 0..uses {
             let b = &self.blocks[id as usize];
@@ -524,7 +613,7 @@ impl<B: Backend> Inner<B> {
             } else {
                 b.capture_uses[k - 1]
             };
-            let (status, cid) = match backend.capture_state(s, buf) {
+            let (status, cid) = match capture_state(backend, s, buf) {
                 Ok(i) => i,
                 Err(e) => {
                     tracing::warn!(%e, "capture_info failed while recording free markers");
@@ -573,9 +662,8 @@ impl<B: Backend> Inner<B> {
             if let PoolFilter::CaptureOf(origin) = self.captures[ci].filter
                 && self.captures[ci].resolved.is_none()
             {
-                let o = backend.capture_info(origin)?;
-                if o.status == CaptureStatus::Active {
-                    self.captures[ci].resolved = Some(o.id);
+                if let Some(id) = active_capture_id(backend, origin)? {
+                    self.captures[ci].resolved = Some(id);
                 }
             }
         }
@@ -613,13 +701,17 @@ impl<B: Backend> Inner<B> {
             // The reclaim step of this malloc asked already (and the
             // context exists); walk unless it did.
             if !walked && let Some(ctx) = self.reuse_contexts.get_mut(&capture) {
-                ctx.visited
-                    .visit(backend, capture, stream, &self.capture_scratch.terminals)?;
+                ctx.visited.visit(
+                    graph(backend)?,
+                    capture,
+                    stream,
+                    &self.capture_scratch.terminals,
+                )?;
             }
             return Ok(Some(capture));
         }
         let (status, capture) =
-            backend.capture_state(stream, &mut self.capture_scratch.terminals)?;
+            capture_state(backend, stream, &mut self.capture_scratch.terminals)?;
         if status != CaptureStatus::Active || self.capture_scratch.terminals.is_empty() {
             return Ok(None);
         }
@@ -627,8 +719,12 @@ impl<B: Backend> Inner<B> {
             return Ok(None);
         }
         if let Some(ctx) = self.reuse_contexts.get_mut(&capture) {
-            ctx.visited
-                .visit(backend, capture, stream, &self.capture_scratch.terminals)?;
+            ctx.visited.visit(
+                graph(backend)?,
+                capture,
+                stream,
+                &self.capture_scratch.terminals,
+            )?;
         }
         Ok(Some(capture))
     }
@@ -638,11 +734,14 @@ impl<B: Backend> Inner<B> {
         backend: &B,
         capture: u64,
         stream: B::Stream,
-        markers: &[B::Node],
+        markers: &[NodeOf<B>],
     ) -> bool {
+        let Some(cap) = backend.capture() else {
+            return false;
+        };
         self.reuse_contexts
             .get(&capture)
-            .is_some_and(|c| c.visited.all_visited(backend, capture, stream, markers))
+            .is_some_and(|c| c.visited.all_visited(cap, capture, stream, markers))
     }
 
     /// `cross_stream` mode: logs the free block `id` (just freed and merged)
@@ -656,8 +755,11 @@ impl<B: Backend> Inner<B> {
         }
         let b = &self.blocks[id as usize];
         let (stream, lo, hi) = (b.stream, b.addr, b.addr + b.size);
-        let (status, capture) = match backend.capture_state(stream, &mut self.capture_scratch.other)
-        {
+        let (status, capture) = match capture_state(
+            backend,
+            stream,
+            &mut self.capture_scratch.other,
+        ) {
             Ok(i) => i,
             Err(e) => {
                 tracing::warn!(%e, "capture_info failed; cross-stream reuse of free blocks stops");
@@ -698,7 +800,8 @@ impl<B: Backend> Inner<B> {
         lo: u64,
         hi: u64,
     ) -> bool {
-        let Some(ctx) = self.reuse_contexts.get_mut(&capture) else {
+        let (Some(cap), Some(ctx)) = (backend.capture(), self.reuse_contexts.get_mut(&capture))
+        else {
             return false;
         };
         let visited = &ctx.visited;
@@ -717,7 +820,7 @@ impl<B: Backend> Inner<B> {
                 return false;
             };
             let snap = &log.snap_nodes[at as usize..(at + len) as usize];
-            if !visited.all_visited(backend, capture, stream, snap) {
+            if !visited.all_visited(cap, capture, stream, snap) {
                 return false;
             }
             log.known.insert((stream, s), ix + 1);
@@ -777,7 +880,7 @@ impl<B: Backend> Inner<B> {
             return Ok(());
         }
         let (status, capture) =
-            backend.capture_state(stream, &mut self.capture_scratch.terminals)?;
+            capture_state(backend, stream, &mut self.capture_scratch.terminals)?;
         self.capture_scratch.queried = Some((stream, status, capture));
         if status != CaptureStatus::Active || self.capture_scratch.terminals.is_empty() {
             return Ok(());
@@ -803,7 +906,8 @@ impl<B: Backend> Inner<B> {
         }
         // Same terminals as at the last check: the visited set covers them.
         if !same {
-            ctx.visited.visit(backend, capture, stream, terminals)?;
+            ctx.visited
+                .visit(graph(backend)?, capture, stream, terminals)?;
         }
         self.capture_scratch.current = Some((stream, capture, true));
         match &mut check.checked {
@@ -817,6 +921,7 @@ impl<B: Backend> Inner<B> {
         // swap-removes each (the element moved into a freed slot is looked
         // at next). Freeing a block changes no other deferred block's
         // eligibility.
+        let cap = graph(backend)?;
         let mut i = 0;
         while let Some(ctx) = self.reuse_contexts.get(&capture) {
             let (deferred, blocks) = (&self.deferred, &self.blocks);
@@ -829,9 +934,7 @@ impl<B: Backend> Inner<B> {
                         debug_assert_eq!(b.stream, d.stream);
                         b.state == BState::Pending && b.stream_uses.is_empty() && b.event_count == 0
                     }
-                    && ctx
-                        .visited
-                        .all_visited(backend, capture, stream, &d.markers)
+                    && ctx.visited.all_visited(cap, capture, stream, &d.markers)
             });
             let Some(j) = found else { break };
             i = j;

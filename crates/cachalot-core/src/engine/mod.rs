@@ -228,7 +228,7 @@ impl<B: Backend> CachingAllocator<B> {
         pool: PoolId,
         filter: PoolFilter<B::Stream>,
     ) -> Result<(), Error> {
-        if !self.backend.supports_capture()
+        if self.backend.capture().is_none()
             && matches!(filter, PoolFilter::CaptureId(_) | PoolFilter::CaptureOf(_))
         {
             return Err(crate::error::CaptureError::Unsupported(self.backend.name()).into());

@@ -1000,10 +1000,12 @@ pub(crate) struct Inner<B: Backend> {
     pub outstanding_events: usize,
     pub event_pool: Vec<B::Event>,
     pub captures: Vec<CaptureEntry<B::Stream>>,
-    pub deferred: Vec<Deferred<B::Stream, B::Node>>,
-    pub reuse_contexts: crate::engine::capture::FastMap<u64, ReuseContext<B::Stream, B::Node>>,
+    pub deferred: Vec<Deferred<B::Stream, crate::backend::NodeOf<B>>>,
+    pub reuse_contexts:
+        crate::engine::capture::FastMap<u64, ReuseContext<B::Stream, crate::backend::NodeOf<B>>>,
     /// Buffers of the capture paths (`capture.rs`).
-    pub capture_scratch: crate::engine::capture::CaptureScratch<B::Stream, B::Node>,
+    pub capture_scratch:
+        crate::engine::capture::CaptureScratch<B::Stream, crate::backend::NodeOf<B>>,
     pub total_memory: u64,
     pub memory_fraction: f64,
     pub allowed_max: Option<u64>,
@@ -1183,12 +1185,13 @@ impl<B: Backend> Inner<B> {
                         let want = match self.captures[ci].resolved {
                             Some(r) => r,
                             None => {
-                                let o = backend.capture_info(origin)?;
-                                if o.status != crate::backend::CaptureStatus::Active {
+                                let Some(id) =
+                                    crate::engine::capture::active_capture_id(backend, origin)?
+                                else {
                                     continue;
-                                }
-                                self.captures[ci].resolved = Some(o.id);
-                                o.id
+                                };
+                                self.captures[ci].resolved = Some(id);
+                                id
                             }
                         };
                         id == want
@@ -1210,7 +1213,11 @@ impl<B: Backend> Inner<B> {
         backend: &B,
         stream: B::Stream,
     ) -> Result<(crate::backend::CaptureStatus, u64), Error> {
-        Ok(backend.capture_state(stream, &mut self.capture_scratch.other)?)
+        Ok(crate::engine::capture::capture_state(
+            backend,
+            stream,
+            &mut self.capture_scratch.other,
+        )?)
     }
 
     // ----- the allocation path -----
