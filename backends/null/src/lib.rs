@@ -103,20 +103,31 @@ impl NullBackend {
 }
 
 impl Backend for NullBackend {
+    /// Copy, `Ord` and `Hash`: the free-block index is keyed by stream first.
+    /// Wrap a raw driver handle in a newtype over `u64` (`Send + Sync`).
     type Stream = NullStream;
+    /// Owned, moved back into [`Backend::destroy_event`] when the engine's
+    /// event pool lets it go.
     type Event = NullEvent;
+    /// Converts losslessly to and from the engine's `u64` addresses.
     type Ptr = u64;
+    /// No graph capture: the engine rejects capture-id pool filters.
     type Capture = NoCapture;
+    /// No virtual memory (the engine does not use it yet).
     type VirtualMemory = NoVirtualMemory;
 
+    /// Named in errors, OOM reports and statistics.
     fn name(&self) -> &'static str {
         NAME
     }
 
+    /// The index the backend was opened on.
     fn device(&self) -> DeviceIndex {
         0
     }
 
+    /// The stream of callers that name none (CUDA's stream 0); valid for
+    /// the backend's whole life.
     fn default_stream(&self) -> NullStream {
         0
     }
@@ -191,8 +202,7 @@ impl Backend for NullBackend {
     }
 
     /// Called for every pooled event when the cache is emptied or dropped.
-    fn destroy_event(&self, event: NullEvent) -> Result<(), BackendError> {
-        drop(event);
+    fn destroy_event(&self, _event: NullEvent) -> Result<(), BackendError> {
         self.live_events.fetch_sub(1, Ordering::Relaxed);
         Ok(())
     }
@@ -215,7 +225,11 @@ impl Backend for NullBackend {
     }
 
     /// Orders later work on `stream` after the event; nothing to order here.
-    fn stream_wait_event(&self, stream: NullStream, _event: &NullEvent) -> Result<(), BackendError> {
+    fn stream_wait_event(
+        &self,
+        stream: NullStream,
+        _event: &NullEvent,
+    ) -> Result<(), BackendError> {
         self.check_stream("stream_wait_event", stream)
     }
 

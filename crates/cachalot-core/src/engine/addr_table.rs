@@ -3,7 +3,7 @@
 //! constant insert/remove churn of an allocator leaves no tombstones and
 //! never triggers rehashing in place.
 
-use crate::engine::state::BlockId;
+use crate::engine::block::BlockId;
 
 const EMPTY: u64 = 0;
 

@@ -1,54 +1,61 @@
-//! The invariant checker: run after every operation in tests.
+//! The invariant checker, run after every operation in tests: one check per
+//! structure, each usable on its own.
+//!
+//! * [`Inner::check_tiling`]: blocks tile their segments exactly (so live
+//!   blocks never overlap), with their segment's pool and age;
+//! * [`Inner::check_free_sets`]: free sets hold exactly the free blocks,
+//!   count the blocks out per stream, and keep their dormant lists;
+//! * [`Inner::check_live`]: the live map holds exactly the allocated blocks;
+//! * [`Inner::check_events`]: events queued = outstanding = on blocks, and
+//!   every pending block waits for an event or a capture;
+//! * [`Inner::check_pools`]: each pool's segment count;
+//! * [`Inner::check_stats`]: every current stat equals its sum over blocks
+//!   and segments, and no peak is below its current value.
+#![forbid(unsafe_code)]
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use crate::backend::Backend;
-use crate::engine::state::{BState, BlockId, Inner, NIL};
+use crate::engine::block::{BState, Block, BlockId, NIL};
+use crate::engine::pools::PoolIdx;
+use crate::engine::state::Inner;
 use crate::stats::{DeviceStats, StatType};
 
 impl<B: Backend> Inner<B> {
-    /// Verifies: segments are tiled exactly by their blocks (so live blocks
-    /// never overlap), free sets agree with block states, the live map agrees
-    /// with allocated blocks, pending blocks wait on events or a capture, and
-    /// every stat equals its sum over blocks and segments.
+    /// Every check below, in order; the first failure is returned.
     pub(crate) fn check_invariants(&self) -> Result<(), String> {
-        let mut expect = DeviceStats::default();
-        let mut seen: HashSet<BlockId> = HashSet::new();
-        let mut free_count = 0usize;
-        let mut alloc_count = 0usize;
-        let mut event_sum = 0usize;
-        let deferred: HashSet<BlockId> = self.deferred.iter().map(|d| d.block).collect();
-        // blocks out of each (pool, small pool?, stream): allocated or pending
-        let mut out: std::collections::HashMap<(u32, bool, B::Stream), u32> = Default::default();
-        if let Some(d) = self
-            .deferred
-            .iter()
-            .find(|d| self.blocks[d.block as usize].stream != d.stream)
-        {
-            return Err(format!(
-                "deferred block {} changed stream while deferred",
-                d.block
-            ));
+        self.check_tiling()?;
+        self.check_free_sets()?;
+        self.check_live()?;
+        self.check_events()?;
+        self.check_pools()?;
+        self.check_stats()
+    }
+
+    /// Calls `f` on every block of every segment, in address order.
+    fn for_each_block(&self, mut f: impl FnMut(BlockId, &Block<B::Stream>)) {
+        for (_, seg) in self.segments.iter() {
+            for id in self.blocks.segment_blocks(seg.head) {
+                f(id, &self.blocks[id]);
+            }
         }
-        for (&start, seg) in &self.segments {
-            let head = &self.blocks[seg.head as usize];
+    }
+
+    /// Blocks tile each segment exactly, in address order, each reached
+    /// once, none dead, each of its segment's pool and age.
+    pub(crate) fn check_tiling(&self) -> Result<(), String> {
+        let mut seen: HashSet<BlockId> = HashSet::new();
+        for (start, seg) in self.segments.iter() {
+            let head = &self.blocks[seg.head];
             if head.addr != start || head.prev != NIL {
                 return Err(format!("segment {start:#x}: head block mismatch"));
             }
-            let st = head.stat_type();
-            expect.segment.update(st, 1);
-            expect.reserved_bytes.update(st, seg.size as i64);
-            if seg.oversize {
-                expect.oversize_segments.increase(1);
-            }
-            let mut at = start;
-            let mut id = seg.head;
-            let mut prev = NIL;
-            while id != NIL {
+            let (mut at, mut prev) = (start, NIL);
+            for id in self.blocks.segment_blocks(seg.head) {
                 if !seen.insert(id) {
                     return Err(format!("block {id} reached twice"));
                 }
-                let b = &self.blocks[id as usize];
+                let b = &self.blocks[id];
                 if b.state == BState::Dead {
                     return Err(format!("dead block {id} in segment {start:#x}"));
                 }
@@ -61,57 +68,8 @@ impl<B: Backend> Inner<B> {
                 if b.pool != head.pool || b.small != head.small || b.seq != head.seq {
                     return Err(format!("block {id} pool or age differs from its segment's"));
                 }
-                if b.dormant && (b.state != BState::Free || b.is_split()) {
-                    return Err(format!("dormant block {id} is not a whole free segment"));
-                }
-                if b.state != BState::Free {
-                    *out.entry((b.pool, b.small, b.stream)).or_default() += 1;
-                }
-                match b.state {
-                    BState::Free => {
-                        free_count += 1;
-                        let pool = self.pools[b.pool as usize]
-                            .as_ref()
-                            .ok_or("free block in a deleted pool")?;
-                        if pool.get_ref(b.small).free.get(b.stream, b.size, b.addr) != Some(id) {
-                            return Err(format!("free block {id} missing from its pool"));
-                        }
-                        if b.is_split() {
-                            expect.inactive_split.update(st, 1);
-                            expect.inactive_split_bytes.update(st, b.size as i64);
-                        }
-                        if b.event_count != 0 || !b.stream_uses.is_empty() {
-                            return Err(format!("free block {id} has pending uses"));
-                        }
-                    }
-                    BState::Allocated => {
-                        alloc_count += 1;
-                        if self.live.get(b.addr) != Some(id) {
-                            return Err(format!("allocated block {id} missing from the live map"));
-                        }
-                        expect.allocation.update(st, 1);
-                        expect.allocated_bytes.update(st, b.size as i64);
-                        expect.active.update(st, 1);
-                        expect.active_bytes.update(st, b.size as i64);
-                        expect.requested_bytes.update(st, b.requested as i64);
-                        if b.oversize {
-                            expect.oversize_allocations.increase(1);
-                        }
-                    }
-                    BState::Pending => {
-                        if b.event_count == 0 && !deferred.contains(&id) {
-                            return Err(format!("pending block {id} waits for nothing"));
-                        }
-                        expect.active.update(st, 1);
-                        expect.active_bytes.update(st, b.size as i64);
-                        expect.requested_bytes.update(st, b.requested as i64);
-                    }
-                    BState::Dead => unreachable!(),
-                }
-                event_sum += b.event_count as usize;
                 at += b.size;
                 prev = id;
-                id = b.next;
             }
             if at != start + seg.size {
                 return Err(format!(
@@ -121,11 +79,45 @@ impl<B: Backend> Inner<B> {
                 ));
             }
         }
-        for (i, pool) in self.pools.iter().enumerate() {
-            let Some(pool) = pool else { continue };
-            for (small, bp) in [(true, &pool.small), (false, &pool.large)] {
+        Ok(())
+    }
+
+    /// Free sets hold exactly the free blocks (each under its own key, with
+    /// no pending use), count exactly the blocks out of each (pool, stream),
+    /// and file exactly the dormant blocks in age-ordered dormant lists.
+    pub(crate) fn check_free_sets(&self) -> Result<(), String> {
+        let mut free_count = 0usize;
+        let mut out: HashMap<(PoolIdx, bool, B::Stream), u32> = HashMap::new();
+        let mut bad = Ok(());
+        self.for_each_block(|id, b| {
+            if bad.is_err() {
+                return;
+            }
+            if b.dormant && (b.state != BState::Free || b.is_split()) {
+                bad = Err(format!("dormant block {id} is not a whole free segment"));
+            } else if b.state != BState::Free {
+                *out.entry((b.pool, b.small, b.stream)).or_default() += 1;
+            } else {
+                free_count += 1;
+                let filed = self
+                    .pools
+                    .pool(b.pool, b.small)
+                    .free
+                    .get(b.stream, b.size, b.addr);
+                if filed != Some(id) {
+                    bad = Err(format!("free block {id} missing from its pool"));
+                } else if b.event_count != 0 || !b.stream_uses.is_empty() {
+                    bad = Err(format!("free block {id} has pending uses"));
+                }
+            }
+        });
+        bad?;
+        let mut pooled = 0usize;
+        for (i, pair) in self.pools.iter() {
+            for (small, bp) in pair.both() {
+                pooled += bp.free.len();
                 for s in bp.free.streams() {
-                    let want = out.get(&(i as u32, small, s)).copied().unwrap_or(0);
+                    let want = out.get(&(i, small, s)).copied().unwrap_or(0);
                     if bp.free.out(s) != want {
                         return Err(format!(
                             "pool {i} small={small} stream {s:?}: {} blocks counted out, {want} are",
@@ -134,73 +126,143 @@ impl<B: Backend> Inner<B> {
                     }
                 }
                 bp.free.check_dormant(|id| {
-                    let b = &self.blocks[id as usize];
+                    let b = &self.blocks[id];
                     (b.dormant, b.seq)
                 })?;
             }
         }
-        let pooled: usize = self
-            .pools
-            .iter()
-            .flatten()
-            .map(|p| p.small.free.len() + p.large.free.len())
-            .sum();
         if pooled != free_count {
             return Err(format!(
                 "{pooled} blocks in free sets but {free_count} free blocks"
             ));
         }
-        if self.live.len() != alloc_count {
+        Ok(())
+    }
+
+    /// The live map holds exactly the allocated blocks.
+    pub(crate) fn check_live(&self) -> Result<(), String> {
+        let mut allocated = 0usize;
+        let mut bad = Ok(());
+        self.for_each_block(|id, b| {
+            if b.state == BState::Allocated {
+                allocated += 1;
+                if self.live.get(b.addr) != Some(id) && bad.is_ok() {
+                    bad = Err(format!("allocated block {id} missing from the live map"));
+                }
+            }
+        });
+        bad?;
+        if self.live.len() != allocated {
             return Err(format!(
-                "{} live entries but {alloc_count} allocated blocks",
+                "{} live entries but {allocated} allocated blocks",
                 self.live.len()
             ));
         }
-        let queued: usize = self.event_queues.iter().map(|(_, q)| q.len()).sum();
-        if queued != self.outstanding_events || queued != event_sum {
+        Ok(())
+    }
+
+    /// Events queued = outstanding = the sum of the blocks' event counts;
+    /// every pending block waits for an event or is deferred; a deferred
+    /// block keeps its stream.
+    pub(crate) fn check_events(&self) -> Result<(), String> {
+        if let Some(d) = self
+            .capture
+            .deferred
+            .iter()
+            .find(|d| self.blocks[d.block].stream != d.stream)
+        {
             return Err(format!(
-                "events: {queued} queued, {} outstanding, {event_sum} on blocks",
-                self.outstanding_events
+                "deferred block {} changed stream while deferred",
+                d.block
             ));
         }
-        for (idx, p) in self.pools.iter().enumerate() {
-            if let Some(p) = p {
-                let segs = self
-                    .segments
-                    .values()
-                    .filter(|s| self.blocks[s.head as usize].pool as usize == idx)
-                    .count();
-                if segs != p.segments as usize {
-                    return Err(format!(
-                        "pool {:?}: {segs} segments, counted {}",
-                        p.id, p.segments
-                    ));
-                }
+        let mut on_blocks = 0usize;
+        let mut bad = Ok(());
+        self.for_each_block(|id, b| {
+            on_blocks += b.event_count as usize;
+            if b.state == BState::Pending
+                && b.event_count == 0
+                && !self.capture.is_deferred(id)
+                && bad.is_ok()
+            {
+                bad = Err(format!("pending block {id} waits for nothing"));
+            }
+        });
+        bad?;
+        let (queued, outstanding) = (self.events.queued(), self.events.outstanding());
+        if queued != outstanding || queued != on_blocks {
+            return Err(format!(
+                "events: {queued} queued, {outstanding} outstanding, {on_blocks} on blocks"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Each pool counts exactly the segments whose blocks name it.
+    pub(crate) fn check_pools(&self) -> Result<(), String> {
+        for (idx, p) in self.pools.iter() {
+            let segs = self
+                .segments
+                .iter()
+                .filter(|(_, s)| self.blocks[s.head].pool == idx)
+                .count();
+            if segs != p.segments() as usize {
+                return Err(format!(
+                    "pool {:?}: {segs} segments, counted {}",
+                    p.id(),
+                    p.segments()
+                ));
             }
         }
+        Ok(())
+    }
+
+    /// Every current stat equals its sum over blocks and segments; no peak
+    /// is below its current value.
+    pub(crate) fn check_stats(&self) -> Result<(), String> {
+        let mut expect = DeviceStats::default();
+        for (_, seg) in self.segments.iter() {
+            let st = self.blocks[seg.head].stat_type();
+            expect.segment.update(st, 1);
+            expect.reserved_bytes.update(st, seg.size as i64);
+            if seg.oversize {
+                expect.oversize_segments.increase(1);
+            }
+        }
+        self.for_each_block(|_, b| {
+            let st = b.stat_type();
+            match b.state {
+                BState::Free if b.is_split() => {
+                    expect.inactive_split.update(st, 1);
+                    expect.inactive_split_bytes.update(st, b.size as i64);
+                }
+                BState::Allocated => {
+                    expect.on_alloc(st, b.size, b.requested, b.oversize);
+                }
+                BState::Pending => {
+                    expect.active.update(st, 1);
+                    expect.active_bytes.update(st, b.size as i64);
+                    expect.requested_bytes.update(st, b.requested as i64);
+                }
+                _ => {}
+            }
+        });
         let s = &self.stats;
+        let e = &expect;
         let pairs = [
-            ("allocation", &s.allocation, &expect.allocation),
-            ("segment", &s.segment, &expect.segment),
-            ("active", &s.active, &expect.active),
-            ("inactive_split", &s.inactive_split, &expect.inactive_split),
-            (
-                "allocated_bytes",
-                &s.allocated_bytes,
-                &expect.allocated_bytes,
-            ),
-            ("reserved_bytes", &s.reserved_bytes, &expect.reserved_bytes),
-            ("active_bytes", &s.active_bytes, &expect.active_bytes),
+            ("allocation", &s.allocation, &e.allocation),
+            ("segment", &s.segment, &e.segment),
+            ("active", &s.active, &e.active),
+            ("inactive_split", &s.inactive_split, &e.inactive_split),
+            ("allocated_bytes", &s.allocated_bytes, &e.allocated_bytes),
+            ("reserved_bytes", &s.reserved_bytes, &e.reserved_bytes),
+            ("active_bytes", &s.active_bytes, &e.active_bytes),
             (
                 "inactive_split_bytes",
                 &s.inactive_split_bytes,
-                &expect.inactive_split_bytes,
+                &e.inactive_split_bytes,
             ),
-            (
-                "requested_bytes",
-                &s.requested_bytes,
-                &expect.requested_bytes,
-            ),
+            ("requested_bytes", &s.requested_bytes, &e.requested_bytes),
         ];
         for (name, got, want) in pairs {
             for t in [
@@ -218,8 +280,8 @@ impl<B: Backend> Inner<B> {
                 }
             }
         }
-        if s.oversize_allocations.current != expect.oversize_allocations.current
-            || s.oversize_segments.current != expect.oversize_segments.current
+        if s.oversize_allocations.current != e.oversize_allocations.current
+            || s.oversize_segments.current != e.oversize_segments.current
         {
             return Err("oversize stats disagree with blocks".into());
         }

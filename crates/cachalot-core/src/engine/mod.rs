@@ -7,11 +7,19 @@
 //! garbage collection, the memory fraction, the OOM ladder and `empty_cache`.
 //! Deviations from PyTorch are bug fixes, each marked in a comment.
 
+mod accounting;
 mod addr_table;
+mod block;
 mod capture;
+mod events;
+mod free_set;
 pub mod history;
 mod invariants;
+mod placement;
+mod pools;
+mod reclaim;
 pub mod rounding;
+mod segments;
 mod snapshot;
 mod state;
 
@@ -26,10 +34,11 @@ use crate::config::AllocatorConfig;
 use crate::error::{Error, OomReport};
 use crate::stats::DeviceStats;
 
+pub use capture::PoolFilter;
 pub use history::{HistoryConfig, TraceAction, TraceEntry};
+pub use pools::PoolId;
 pub use snapshot::{BlockSnapshot, BlockState, SegmentSnapshot, Snapshot};
 use state::{AllocOutcome, Inner};
-pub use state::{PoolFilter, PoolId};
 
 /// A callback run on out-of-memory, after the lock is dropped and before the
 /// error is returned.
@@ -128,12 +137,12 @@ impl<B: Backend> CachingAllocator<B> {
         let outcome = self.lock().malloc(&self.backend, size, stream)?;
         match outcome {
             AllocOutcome::Ok(addr) => Ok(addr),
-            AllocOutcome::Oom(report, never) => {
+            AllocOutcome::Oom { report, never_fits } => {
                 tracing::warn!(%report, "out of memory");
                 for o in self.observers.read().iter() {
                     o(&report);
                 }
-                if never {
+                if never_fits {
                     Err(Error::NeverFits {
                         requested: size,
                         reason: report.to_string(),
@@ -168,7 +177,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// whole block when it was not split), if `addr` is a live allocation.
     pub fn block_size(&self, addr: u64) -> Option<u64> {
         let g = self.lock();
-        g.live.get(addr).map(|id| g.blocks[id as usize].size)
+        g.live.get(addr).map(|id| g.blocks[id].size)
     }
 
     /// Releases every whole free segment of the default pools (and of private
@@ -305,9 +314,9 @@ impl<B: Backend> CachingAllocator<B> {
         let g = self.lock();
         g.pools
             .iter()
-            .flatten()
-            .flat_map(|p| p.small.free.iter().chain(p.large.free.iter()))
-            .map(|e| e.1)
+            .flat_map(|(_, p)| p.both())
+            .flat_map(|(_, pool)| pool.free.iter())
+            .map(|e| e.size)
             .max()
             .unwrap_or(0)
     }
@@ -318,7 +327,7 @@ impl<B: Backend> CachingAllocator<B> {
         let mut v: Vec<(u64, u64)> = g
             .live
             .iter()
-            .map(|(a, id)| (a, g.blocks[id as usize].size))
+            .map(|(a, id)| (a, g.blocks[id].size))
             .collect();
         v.sort_unstable();
         v

@@ -1,7 +1,9 @@
 //! Snapshots of every segment and block (PyTorch's `_snapshot()` segments).
 
 use crate::backend::Backend;
-use crate::engine::state::{BState, Inner, NIL, PoolId};
+use crate::engine::block::BState;
+use crate::engine::pools::PoolId;
+use crate::engine::state::Inner;
 
 /// State of a block in a snapshot (PyTorch's names).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,11 +83,9 @@ pub struct Snapshot {
 impl<B: Backend> Inner<B> {
     pub(crate) fn snapshot(&self) -> Snapshot {
         let mut segments = Vec::with_capacity(self.segments.len());
-        for (&addr, seg) in &self.segments {
-            let head = &self.blocks[seg.head as usize];
-            let pool_id = self.pools[head.pool as usize]
-                .as_ref()
-                .map_or((0, 0), |p| p.id);
+        for (addr, seg) in self.segments.iter() {
+            let head = &self.blocks[seg.head];
+            let pool_id = self.pools.pair(head.pool).id();
             let mut s = SegmentSnapshot {
                 device: 0,
                 address: addr,
@@ -98,9 +98,8 @@ impl<B: Backend> Inner<B> {
                 pool_id,
                 blocks: Vec::new(),
             };
-            let mut id = seg.head;
-            while id != NIL {
-                let b = &self.blocks[id as usize];
+            for id in self.blocks.segment_blocks(seg.head) {
+                let b = &self.blocks[id];
                 let state = match b.state {
                     BState::Allocated => BlockState::ActiveAllocated,
                     BState::Pending => BlockState::ActivePendingFree,
@@ -124,7 +123,6 @@ impl<B: Backend> Inner<B> {
                     state,
                     stream: format!("{:?}", b.stream),
                 });
-                id = b.next;
             }
             segments.push(s);
         }

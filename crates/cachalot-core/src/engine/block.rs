@@ -1,0 +1,269 @@
+//! The block: one piece of a segment, its life-cycle states, the slab that
+//! holds every block, and the two structural edits of a segment's block
+//! list (split a block in two, absorb a free neighbour).
+#![forbid(unsafe_code)]
+
+use std::ops::{Index, IndexMut};
+
+use crate::engine::pools::PoolIdx;
+use crate::stats::StatType;
+
+/// Index of a block in the slab.
+pub(crate) type BlockId = u32;
+/// "No block".
+pub(crate) const NIL: BlockId = u32::MAX;
+
+/// The streams a block is used on besides its own: almost always none, so
+/// kept out of line (one pointer in the block instead of a `Vec`).
+#[derive(Clone, Debug)]
+#[allow(
+    clippy::box_collection,
+    reason = "one pointer in every block, a Vec only when used"
+)]
+pub(crate) struct Uses<S>(Option<Box<Vec<S>>>);
+
+impl<S> Default for Uses<S> {
+    fn default() -> Self {
+        Self(None)
+    }
+}
+
+impl<S: Copy> Uses<S> {
+    /// Adds a stream.
+    pub fn push(&mut self, s: S) {
+        self.0.get_or_insert_with(Default::default).push(s);
+    }
+    /// Adds streams.
+    pub fn extend_from_slice(&mut self, v: &[S]) {
+        if !v.is_empty() {
+            self.0
+                .get_or_insert_with(Default::default)
+                .extend_from_slice(v);
+        }
+    }
+    /// Removes every stream.
+    #[inline]
+    pub fn clear(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl<S> std::ops::Deref for Uses<S> {
+    type Target = [S];
+    #[inline]
+    fn deref(&self) -> &[S] {
+        self.0.as_deref().map_or(&[], |v| v.as_slice())
+    }
+}
+
+/// Life-cycle state of a block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BState {
+    /// Cached in its pool's free set.
+    Free,
+    /// Handed out to the caller.
+    Allocated,
+    /// Freed by the caller, waiting for events or for a capture to allow it.
+    Pending,
+    /// Slab slot not in use.
+    Dead,
+}
+
+/// One block of a segment: the blocks of a segment tile it in address
+/// order through `prev`/`next`.
+#[derive(Clone, Debug)]
+pub(crate) struct Block<S> {
+    pub addr: u64,
+    pub size: u64,
+    pub requested: u64,
+    pub stream: S,
+    pub pool: PoolIdx,
+    pub small: bool,
+    pub prev: BlockId,
+    pub next: BlockId,
+    pub state: BState,
+    pub event_count: u32,
+    pub gc_base: u64,
+    /// Counted in `oversize_allocations` when handed out (the threshold may
+    /// change at run time; the flag keeps the stat balanced).
+    pub oversize: bool,
+    /// Creation order of the block's segment (every block of a segment has it).
+    pub seq: u64,
+    /// A whole free segment filed in its stream's dormant list.
+    pub dormant: bool,
+    /// Streams recorded with `record_stream` (outside capture or before it).
+    pub stream_uses: Uses<S>,
+    /// Streams recorded while a capture was underway.
+    pub capture_uses: Uses<S>,
+}
+
+impl<S> Block<S> {
+    /// A free block with no requests, events or stream uses.
+    #[inline]
+    pub fn free(
+        addr: u64,
+        size: u64,
+        stream: S,
+        pool: PoolIdx,
+        small: bool,
+        prev: BlockId,
+        next: BlockId,
+    ) -> Self {
+        Self {
+            addr,
+            size,
+            requested: 0,
+            stream,
+            pool,
+            small,
+            prev,
+            next,
+            state: BState::Free,
+            event_count: 0,
+            gc_base: 0,
+            oversize: false,
+            seq: 0,
+            dormant: false,
+            stream_uses: Uses::default(),
+            capture_uses: Uses::default(),
+        }
+    }
+
+    /// Whether the block shares its segment with other blocks.
+    #[inline]
+    pub fn is_split(&self) -> bool {
+        self.prev != NIL || self.next != NIL
+    }
+
+    /// The segment's age if this block is the whole segment.
+    #[inline]
+    pub fn whole_seq(&self) -> Option<u64> {
+        (!self.is_split()).then_some(self.seq)
+    }
+
+    /// The key under which this free block is filed apart as a dormant
+    /// whole segment: its segment's age.
+    #[inline]
+    pub fn dormant_key(&self) -> Option<u64> {
+        self.dormant.then_some(self.seq)
+    }
+
+    /// The stats row of the block's pool (small or large).
+    #[inline]
+    pub fn stat_type(&self) -> StatType {
+        StatType::of_pool(self.small)
+    }
+
+    /// Whether no stream but its own has a use of the block outstanding.
+    #[inline]
+    pub fn has_no_other_uses(&self) -> bool {
+        self.stream_uses.is_empty() && self.event_count == 0
+    }
+}
+
+/// Every block, by id; dead slots are reused first.
+pub(crate) struct Slab<S> {
+    blocks: Vec<Block<S>>,
+    free_slots: Vec<BlockId>,
+}
+
+impl<S> Default for Slab<S> {
+    fn default() -> Self {
+        Self {
+            blocks: Vec::new(),
+            free_slots: Vec::new(),
+        }
+    }
+}
+
+impl<S> Index<BlockId> for Slab<S> {
+    type Output = Block<S>;
+    #[inline]
+    fn index(&self, id: BlockId) -> &Block<S> {
+        &self.blocks[id as usize]
+    }
+}
+
+impl<S> IndexMut<BlockId> for Slab<S> {
+    #[inline]
+    fn index_mut(&mut self, id: BlockId) -> &mut Block<S> {
+        &mut self.blocks[id as usize]
+    }
+}
+
+impl<S: Copy> Slab<S> {
+    /// Stores a block; returns its id.
+    #[inline]
+    pub fn insert(&mut self, b: Block<S>) -> BlockId {
+        if let Some(id) = self.free_slots.pop() {
+            self.blocks[id as usize] = b;
+            id
+        } else {
+            self.blocks.push(b);
+            (self.blocks.len() - 1) as BlockId
+        }
+    }
+
+    /// Frees the slot of `id` (the block must be unlinked by the caller).
+    pub fn remove(&mut self, id: BlockId) {
+        let b = &mut self.blocks[id as usize];
+        b.state = BState::Dead;
+        b.prev = NIL;
+        b.next = NIL;
+        b.stream_uses.clear();
+        b.capture_uses.clear();
+        self.free_slots.push(id);
+    }
+
+    /// Cuts `id` at `size`: `id` keeps its first `size` bytes and a new free
+    /// block (same stream, pool and segment) takes the rest, linked after
+    /// it. Returns the remainder's id.
+    #[inline]
+    pub fn split(&mut self, id: BlockId, size: u64) -> BlockId {
+        let b = &self[id];
+        let rem = Block {
+            seq: b.seq,
+            ..Block::free(
+                b.addr + size,
+                b.size - size,
+                b.stream,
+                b.pool,
+                b.small,
+                id,
+                b.next,
+            )
+        };
+        let next = rem.next;
+        let rid = self.insert(rem);
+        if next != NIL {
+            self[next].prev = rid;
+        }
+        let b = &mut self[id];
+        b.next = rid;
+        b.size = size;
+        rid
+    }
+
+    /// `id` absorbs its next neighbour (already out of the free set), which
+    /// is dropped; returns the absorbed size.
+    pub fn absorb_next(&mut self, id: BlockId) -> u64 {
+        let next = self[id].next;
+        let (nsize, nnext) = (self[next].size, self[next].next);
+        let b = &mut self[id];
+        b.size += nsize;
+        b.next = nnext;
+        if nnext != NIL {
+            self[nnext].prev = id;
+        }
+        self.remove(next);
+        nsize
+    }
+
+    /// The ids of a segment's blocks in address order, from its head.
+    pub fn segment_blocks(&self, head: BlockId) -> impl Iterator<Item = BlockId> + '_ {
+        std::iter::successors((head != NIL).then_some(head), move |&id| {
+            let n = self[id].next;
+            (n != NIL).then_some(n)
+        })
+    }
+}

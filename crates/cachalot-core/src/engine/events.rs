@@ -1,0 +1,313 @@
+//! Stream ordering: the event pool and the per-stream event queues,
+//! `record_stream`, `process_events`, and the deferred frees of blocks whose
+//! uses on other streams are not over yet.
+#![forbid(unsafe_code)]
+
+use std::collections::VecDeque;
+
+use crate::backend::Backend;
+use crate::engine::block::{BState, BlockId};
+use crate::engine::capture::Deferred;
+use crate::engine::pools::PoolIdx;
+use crate::engine::state::Inner;
+use crate::error::{BackendError, Error};
+
+/// An end-of-life event of a block on one stream.
+struct PendingEvent<E> {
+    event: E,
+    block: BlockId,
+}
+
+/// One stream's events in record order.
+struct StreamEvents<B: Backend> {
+    stream: B::Stream,
+    queue: VecDeque<PendingEvent<B::Event>>,
+}
+
+/// The event pool and the queues of recorded end-of-life events.
+pub(crate) struct EventState<B: Backend> {
+    queues: Vec<StreamEvents<B>>,
+    /// Events in all queues.
+    outstanding: usize,
+    /// Completed events kept for reuse.
+    pool: Vec<B::Event>,
+}
+
+impl<B: Backend> Default for EventState<B> {
+    fn default() -> Self {
+        Self {
+            queues: Vec::new(),
+            outstanding: 0,
+            pool: Vec::new(),
+        }
+    }
+}
+
+impl<B: Backend> EventState<B> {
+    /// A pooled event, or a new one.
+    fn get(&mut self, backend: &B) -> Result<B::Event, BackendError> {
+        match self.pool.pop() {
+            Some(e) => Ok(e),
+            None => backend.create_event(),
+        }
+    }
+
+    /// Queues `event`, recorded on `stream`, for `block`.
+    fn push(&mut self, stream: B::Stream, event: B::Event, block: BlockId) {
+        self.outstanding += 1;
+        let e = PendingEvent { event, block };
+        match self.queues.iter_mut().find(|q| q.stream == stream) {
+            Some(q) => q.queue.push_back(e),
+            None => self.queues.push(StreamEvents {
+                stream,
+                queue: VecDeque::from([e]),
+            }),
+        }
+    }
+
+    /// Events recorded and not yet seen complete.
+    #[inline]
+    pub fn outstanding(&self) -> usize {
+        self.outstanding
+    }
+
+    /// Events in the queues, counted one by one (the invariant checker's
+    /// cross-check of [`Self::outstanding`]).
+    pub fn queued(&self) -> usize {
+        self.queues.iter().map(|q| q.queue.len()).sum()
+    }
+
+    /// Destroys pooled events (empty_cache and drop).
+    pub fn destroy_pooled(&mut self, backend: &B) -> Result<(), Error> {
+        while let Some(e) = self.pool.pop() {
+            backend.destroy_event(e)?;
+        }
+        Ok(())
+    }
+
+    /// Destroys every event, queued or pooled (allocator dropped, after a
+    /// device sync); the first error is returned, the rest still destroyed.
+    pub fn destroy_all(&mut self, backend: &B) -> Result<(), Error> {
+        let mut first: Result<(), Error> = Ok(());
+        let queued = std::mem::take(&mut self.queues)
+            .into_iter()
+            .flat_map(|q| q.queue.into_iter().map(|e| e.event));
+        for ev in queued.chain(std::mem::take(&mut self.pool)) {
+            if let Err(e) = backend.destroy_event(ev)
+                && first.is_ok()
+            {
+                first = Err(e.into());
+            }
+        }
+        self.outstanding = 0;
+        first
+    }
+}
+
+impl<B: Backend> Inner<B> {
+    /// Marks the allocation at `addr` as used on `stream` (besides its own).
+    pub fn record_stream(&mut self, addr: u64, stream: B::Stream) -> Result<(), Error> {
+        let Some(id) = self.live.get(addr) else {
+            return Err(self.classify_bad_pointer(addr, false));
+        };
+        let capturing = self.capture.is_active();
+        let b = &mut self.blocks[id];
+        if stream == b.stream {
+            return Ok(());
+        }
+        if capturing {
+            if !b.capture_uses.contains(&stream) {
+                b.capture_uses.push(stream);
+            }
+        } else if !b.stream_uses.contains(&stream) {
+            b.stream_uses.push(stream);
+        }
+        Ok(())
+    }
+
+    /// Whether every piece of work submitted to `stream` so far has completed
+    /// (an event recorded now is already complete).
+    pub(super) fn stream_is_idle(&mut self, backend: &B, stream: B::Stream) -> Result<bool, Error> {
+        let ev = self.events.get(backend)?;
+        let r = backend
+            .record_event(&ev, stream)
+            .and_then(|()| backend.query_event(&ev));
+        self.events.pool.push(ev);
+        Ok(r?)
+    }
+
+    /// [`Self::stream_is_idle`], asked once per stream within one operation.
+    pub(super) fn stream_is_idle_cached(
+        &mut self,
+        backend: &B,
+        seen: &mut Vec<(B::Stream, bool)>,
+        s: B::Stream,
+    ) -> Result<bool, Error> {
+        if let Some(e) = seen.iter().find(|e| e.0 == s) {
+            return Ok(e.1);
+        }
+        let ok = self.stream_is_idle(backend, s)?;
+        seen.push((s, ok));
+        Ok(ok)
+    }
+
+    /// Records an end-of-life event on every stream the block was used on.
+    /// On a failure the streams not yet recorded go back to the block's uses
+    /// and the block is parked as deferred until a device-wide sync.
+    pub(super) fn insert_events(&mut self, backend: &B, id: BlockId) -> Result<(), Error> {
+        let uses = std::mem::take(&mut self.blocks[id].stream_uses);
+        for (i, &s) in uses.iter().enumerate() {
+            let recorded = match self.events.get(backend) {
+                Ok(e) => match backend.record_event(&e, s) {
+                    Ok(()) => Ok(e),
+                    Err(err) => {
+                        self.events.pool.push(e);
+                        Err(err)
+                    }
+                },
+                Err(err) => Err(err),
+            };
+            let ev = match recorded {
+                Ok(e) => e,
+                Err(err) => {
+                    let b = &mut self.blocks[id];
+                    b.stream_uses.extend_from_slice(&uses[i..]);
+                    if b.event_count == 0 {
+                        let stream = b.stream;
+                        self.capture.deferred.push(Deferred {
+                            block: id,
+                            stream,
+                            markers: Vec::new(),
+                        });
+                    }
+                    return Err(err.into());
+                }
+            };
+            self.blocks[id].event_count += 1;
+            self.events.push(s, ev, id);
+        }
+        Ok(())
+    }
+
+    /// One of `id`'s events completed: the block is freed after its last.
+    fn event_done(&mut self, id: BlockId) {
+        self.events.outstanding -= 1;
+        let b = &mut self.blocks[id];
+        b.event_count -= 1;
+        if b.event_count == 0 && b.stream_uses.is_empty() {
+            self.free_block(id);
+        }
+    }
+
+    /// Flushes blocks deferred during a capture once no capture is underway
+    /// (PyTorch 1.1 item 3): streams recorded during capture are dropped.
+    pub(super) fn flush_deferred(&mut self, backend: &B) -> Result<(), Error> {
+        if self.capture.deferred.is_empty() || self.capture.is_active() {
+            return Ok(());
+        }
+        let deferred = std::mem::take(&mut self.capture.deferred);
+        let mut result = Ok(());
+        for d in deferred {
+            let b = &mut self.blocks[d.block];
+            b.capture_uses.clear();
+            if b.state != BState::Pending {
+                continue;
+            }
+            if b.stream_uses.is_empty() {
+                if b.event_count == 0 {
+                    self.free_block(d.block);
+                }
+            } else if let Err(e) = self.insert_events(backend, d.block) {
+                result = Err(e);
+            }
+        }
+        result
+    }
+
+    /// PyTorch's `process_events`: frees blocks whose events have completed.
+    #[inline]
+    pub(super) fn process_events(&mut self, backend: &B) -> Result<(), Error> {
+        if !self.capture.deferred.is_empty() {
+            self.flush_deferred(backend)?;
+        }
+        if self.events.outstanding == 0 {
+            return Ok(());
+        }
+        for qi in 0..self.events.queues.len() {
+            while let Some(front) = self.events.queues[qi].queue.front() {
+                if !backend.query_event(&front.event)? {
+                    break;
+                }
+                let e = self.events.queues[qi]
+                    .queue
+                    .pop_front()
+                    .expect("front exists");
+                self.events.pool.push(e.event);
+                self.event_done(e.block);
+            }
+        }
+        Ok(())
+    }
+
+    /// Frees the blocks parked after an event-record failure (they have no
+    /// events): a device sync certifies their uses are over. Only outside
+    /// capture.
+    fn free_stranded(&mut self, backend: &B) -> Result<(), Error> {
+        if self.capture.is_active() {
+            return Ok(());
+        }
+        let stranded: Vec<BlockId> = self
+            .capture
+            .deferred
+            .iter()
+            .filter(|d| self.blocks[d.block].state == BState::Pending)
+            .map(|d| d.block)
+            .collect();
+        if stranded.is_empty() {
+            return Ok(());
+        }
+        backend.synchronize_device()?;
+        self.capture.deferred.clear();
+        for id in stranded {
+            let b = &mut self.blocks[id];
+            b.stream_uses.clear();
+            if b.event_count == 0 {
+                self.free_block(id);
+            }
+        }
+        Ok(())
+    }
+
+    /// Synchronizes outstanding events (all, or those of blocks of one pool)
+    /// and frees their blocks. Counts one `num_sync_all_streams`.
+    pub(super) fn synchronize_and_free_events(
+        &mut self,
+        backend: &B,
+        pool: Option<PoolIdx>,
+    ) -> Result<(), Error> {
+        self.stats.num_sync_all_streams += 1;
+        self.flush_deferred(backend)?;
+        self.free_stranded(backend)?;
+        for qi in 0..self.events.queues.len() {
+            let mut keep = VecDeque::new();
+            while let Some(e) = self.events.queues[qi].queue.pop_front() {
+                if pool.is_some_and(|p| self.blocks[e.block].pool != p) {
+                    keep.push_back(e);
+                    continue;
+                }
+                if let Err(err) = backend.synchronize_event(&e.event) {
+                    let q = &mut self.events.queues[qi].queue;
+                    q.push_front(e);
+                    while let Some(k) = keep.pop_back() {
+                        q.push_front(k);
+                    }
+                    return Err(err.into());
+                }
+                self.events.pool.push(e.event);
+                self.event_done(e.block);
+            }
+            self.events.queues[qi].queue = keep;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,348 @@
+//! Free blocks ordered by (stream, size, address), as PyTorch's free block
+//! sets: one [`StreamSet`] per stream (size classes, a recently-freed slot,
+//! and the dormant whole segments of `placement:steady`).
+#![forbid(unsafe_code)]
+
+mod size_tree;
+mod stream_set;
+#[cfg(test)]
+mod tests;
+
+use stream_set::{StreamSet, Whole, fkey, unkey};
+
+use crate::engine::block::BlockId;
+
+/// A free block found in a set: its size, address and id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Found {
+    pub size: u64,
+    pub addr: u64,
+    pub id: BlockId,
+}
+
+/// A free block with its stream, as [`FreeSet::iter`] lists them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FreeEntry<S> {
+    pub stream: S,
+    pub size: u64,
+    pub addr: u64,
+    pub id: BlockId,
+}
+
+/// What [`FreeSet::insert_back`] did with a block coming back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Back {
+    /// Filed among the free blocks.
+    Kept,
+    /// Filed in the dormant list (the stream drained; it was the only block).
+    Dormant,
+    /// Filed among the free blocks; the stream drained the pool.
+    Drained,
+}
+
+/// Free blocks ordered by (stream, size, address) as PyTorch's free set:
+/// one [`StreamSet`] per stream, keyed by `size << 64 | address`.
+pub(crate) struct FreeSet<S> {
+    streams: Vec<(S, StreamSet)>,
+    len: usize,
+}
+
+impl<S> Default for FreeSet<S> {
+    fn default() -> Self {
+        Self {
+            streams: Vec::new(),
+            len: 0,
+        }
+    }
+}
+
+impl<S: Copy + Ord> FreeSet<S> {
+    #[inline]
+    fn set(&self, s: S) -> Option<&StreamSet> {
+        self.streams.iter().find(|e| e.0 == s).map(|e| &e.1)
+    }
+
+    #[inline]
+    fn set_mut(&mut self, s: S) -> &mut StreamSet {
+        let i = match self.streams.iter().position(|e| e.0 == s) {
+            Some(i) => i,
+            None => self.add_stream(s),
+        };
+        &mut self.streams[i].1
+    }
+
+    #[cold]
+    fn add_stream(&mut self, s: S) -> usize {
+        let at = self.streams.partition_point(|e| e.0 < s);
+        self.streams.insert(at, (s, StreamSet::default()));
+        at
+    }
+
+    /// Inserts a free block (the key must not be present). `whole`: the
+    /// segment's age for a dormant whole segment (kept apart, oldest first),
+    /// `None` for any other block.
+    #[inline]
+    pub fn insert(&mut self, s: S, size: u64, addr: u64, id: BlockId, whole: Option<u64>) {
+        debug_assert!(self.get(s, size, addr).is_none());
+        let set = self.set_mut(s);
+        match whole {
+            None => set.insert(fkey(size, addr), id),
+            Some(seq) => set.insert_whole(Whole {
+                seq,
+                size,
+                addr,
+                id,
+            }),
+        }
+        self.len += 1;
+    }
+
+    /// Removes a free block; `whole` as given to [`FreeSet::insert`].
+    #[inline]
+    pub fn remove(&mut self, s: S, size: u64, addr: u64, whole: Option<u64>) -> Option<BlockId> {
+        let set = self.set_mut(s);
+        let r = match whole {
+            None => set.remove(fkey(size, addr)),
+            Some(seq) => set.remove_whole(seq, addr),
+        };
+        if r.is_some() {
+            self.len -= 1;
+        }
+        r
+    }
+
+    /// The block stored under this key.
+    pub fn get(&self, s: S, size: u64, addr: u64) -> Option<BlockId> {
+        let set = self.set(s)?;
+        set.get(fkey(size, addr)).or_else(|| {
+            set.whole
+                .iter()
+                .find(|w| w.size == size && w.addr == addr)
+                .map(|w| w.id)
+        })
+    }
+
+    /// Removes and returns the smallest block of stream `s` with size ≥
+    /// `size` (lowest address first) if `accept(block size)` holds; failing
+    /// that, the oldest dormant segment with size ≥ `size` that `accept`
+    /// takes. The block counts as handed out ([`FreeSet::note_out`]).
+    #[inline]
+    pub fn take_first_at_least(
+        &mut self,
+        s: S,
+        size: u64,
+        accept: impl Fn(u64) -> bool,
+    ) -> Option<Found> {
+        let set = &mut self.streams.iter_mut().find(|e| e.0 == s)?.1;
+        let (k, id) = match set.take_first_at_least(fkey(size, 0), |k| accept(unkey(k).0)) {
+            Some(hit) => hit,
+            None => {
+                // `placement:steady`: the oldest dormant segment that fits
+                let at = set
+                    .whole
+                    .iter()
+                    .position(|w| w.size >= size && accept(w.size))?;
+                let w = set.whole.remove(at);
+                (fkey(w.size, w.addr), w.id)
+            }
+        };
+        set.out = set.out.saturating_add(1);
+        self.len -= 1;
+        let (size, addr) = unkey(k);
+        Some(Found { size, addr, id })
+    }
+
+    /// Counts a block of stream `s` handed out from this pool.
+    #[inline]
+    pub fn note_out(&mut self, s: S) {
+        let set = self.set_mut(s);
+        set.out = set.out.saturating_add(1);
+    }
+
+    /// Counts a block of stream `s` back without inserting it (its stream changes).
+    pub fn note_back_only(&mut self, s: S) {
+        let set = self.set_mut(s);
+        set.out = set.out.saturating_sub(1);
+    }
+
+    /// Inserts a block handed out earlier and counts it back. `steady`:
+    /// `placement:steady` applies to this pool; `whole`: the block's segment
+    /// age when it is a whole segment. When none of the stream's blocks is
+    /// out any more (the stream has drained this pool), a whole segment
+    /// that is the only active free block goes straight to the dormant list
+    /// ([`Back::Dormant`]); otherwise the caller makes the set dormant
+    /// ([`Back::Drained`]).
+    #[inline]
+    pub fn insert_back(
+        &mut self,
+        s: S,
+        size: u64,
+        addr: u64,
+        id: BlockId,
+        steady: bool,
+        whole: Option<u64>,
+    ) -> Back {
+        debug_assert!(self.get(s, size, addr).is_none());
+        self.len += 1;
+        let set = self.set_mut(s);
+        set.out = set.out.saturating_sub(1);
+        if set.out == 0 && steady {
+            if let Some(seq) = whole
+                && set.tree.len == 0
+                && set.recent.is_none()
+            {
+                set.insert_whole(Whole {
+                    seq,
+                    size,
+                    addr,
+                    id,
+                });
+                return Back::Dormant;
+            }
+            set.insert(fkey(size, addr), id);
+            return Back::Drained;
+        }
+        set.insert(fkey(size, addr), id);
+        Back::Kept
+    }
+
+    /// Checks that the dormant lists are in age order and hold exactly the
+    /// blocks flagged dormant (`info(id)` = (dormant flag, segment age)).
+    pub fn check_dormant(&self, info: impl Fn(BlockId) -> (bool, u64)) -> Result<(), String> {
+        for (_, set) in &self.streams {
+            if !set.whole.is_sorted_by_key(|w| w.seq) {
+                return Err("dormant list out of age order".into());
+            }
+            for w in &set.whole {
+                if info(w.id) != (true, w.seq) {
+                    return Err(format!("block {} in a dormant list is not dormant", w.id));
+                }
+            }
+            let mut bad = None;
+            set.tree.for_each(|_, _, id| {
+                if info(id).0 {
+                    bad = Some(id);
+                }
+            });
+            if let Some((_, id)) = set.recent
+                && info(id).0
+            {
+                bad = Some(id);
+            }
+            if let Some(id) = bad {
+                return Err(format!("dormant block {id} outside its dormant list"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves every dormant segment back among the other free blocks; returns their ids.
+    pub fn wake_all(&mut self) -> Vec<BlockId> {
+        let mut woken = Vec::new();
+        for (_, set) in &mut self.streams {
+            for w in std::mem::take(&mut set.whole) {
+                set.insert(fkey(w.size, w.addr), w.id);
+                woken.push(w.id);
+            }
+        }
+        woken
+    }
+
+    /// Blocks of stream `s` out of this pool (see [`FreeSet::note_out`]).
+    pub fn out(&self, s: S) -> u32 {
+        self.set(s).map_or(0, |set| set.out)
+    }
+
+    /// Moves the blocks of stream `s` for which `seq` gives a segment age
+    /// (whole free segments) to the dormant list; appends their ids to `moved`.
+    pub fn make_dormant(
+        &mut self,
+        s: S,
+        seq: impl Fn(BlockId) -> Option<u64>,
+        moved: &mut Vec<BlockId>,
+    ) {
+        let set = self.set_mut(s);
+        let mut all = Vec::with_capacity(set.tree.len + 1);
+        set.tree.for_each(|sz, a, id| all.push((sz, a, id)));
+        if let Some((k, id)) = set.recent {
+            let (sz, a) = unkey(k);
+            all.push((sz, a, id));
+        }
+        let sorted = set.whole.len();
+        for (size, addr, id) in all {
+            if let Some(q) = seq(id) {
+                let got = set.remove(fkey(size, addr));
+                debug_assert_eq!(got, Some(id));
+                set.whole.push(Whole {
+                    seq: q,
+                    size,
+                    addr,
+                    id,
+                });
+                moved.push(id);
+            }
+        }
+        if set.whole.len() > sorted {
+            // the stable sort finds the sorted run and the new tail and merges
+            // them (inserting each would be quadratic)
+            set.whole.sort_by_key(|w| w.seq);
+        }
+    }
+
+    /// Smallest block of stream `s` with size ≥ `size`, lowest address first.
+    #[inline]
+    pub fn first_at_least(&self, s: S, size: u64) -> Option<Found> {
+        let set = self.set(s)?;
+        let (k, id) = match (set.first_at_least(fkey(size, 0)), set.best_whole(size)) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b)?,
+        };
+        let (size, addr) = unkey(k);
+        Some(Found { size, addr, id })
+    }
+
+    /// Blocks of stream `s` with size in `[lo, hi)`, largest first.
+    pub fn range_desc(&self, s: S, lo: u64, hi: u64) -> Vec<Found> {
+        let (lo, hi) = (fkey(lo, 0), fkey(hi, 0));
+        self.set(s).map_or_else(Vec::new, |m| {
+            m.sorted()
+                .into_iter()
+                .rev()
+                .filter(|e| e.0 >= lo && e.0 < hi)
+                .map(|(k, id)| {
+                    let (size, addr) = unkey(k);
+                    Found { size, addr, id }
+                })
+                .collect()
+        })
+    }
+
+    /// Every block as (stream, size, address, id), in (stream, size, address) order.
+    pub fn iter(&self) -> impl Iterator<Item = FreeEntry<S>> + '_ {
+        self.streams.iter().flat_map(|(s, m)| {
+            m.sorted().into_iter().map(move |(k, id)| {
+                let (size, addr) = unkey(k);
+                FreeEntry {
+                    stream: *s,
+                    size,
+                    addr,
+                    id,
+                }
+            })
+        })
+    }
+
+    /// The streams with a set (possibly empty), in order.
+    pub fn streams(&self) -> impl Iterator<Item = S> + '_ {
+        self.streams.iter().map(|e| e.0)
+    }
+
+    /// Number of free blocks.
+    pub fn len(&self) -> usize {
+        debug_assert_eq!(
+            self.len,
+            self.streams.iter().map(|e| e.1.len()).sum::<usize>()
+        );
+        self.len
+    }
+}

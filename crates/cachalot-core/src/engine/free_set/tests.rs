@@ -1,0 +1,74 @@
+//! The free set against an ordered-set model, and the size classes.
+
+use std::collections::BTreeSet;
+
+use super::FreeSet;
+use super::size_tree::{NCLASS, class_of};
+
+/// A small deterministic generator (no dependency on the proptest crate here).
+fn lcg(x: &mut u64) -> u64 {
+    *x = x
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    *x >> 33
+}
+
+#[test]
+fn size_classes_are_monotone_and_in_range() {
+    let mut last = 0;
+    for s in (0..1u64 << 22).step_by(512).chain([u64::MAX / 2, u64::MAX]) {
+        let c = class_of(s);
+        assert!(c >= last, "class of {s} went down");
+        assert!(c < NCLASS);
+        last = c;
+    }
+    assert_eq!(class_of(0), class_of(512));
+    assert_ne!(class_of(1 << 20), class_of((1 << 20) + (1 << 16)));
+}
+
+/// The free set against an ordered set model: random inserts, removals,
+/// best-fit takes and lookups, with sizes drawn from a few (to fill one
+/// class past the vector-to-tree threshold and back) and from many.
+#[test]
+fn free_set_matches_an_ordered_set() {
+    for (seed, distinct) in [(1u64, 3u64), (2, 40), (3, 5000)] {
+        let mut rng = seed;
+        let mut set: FreeSet<u8> = FreeSet::default();
+        let mut model: BTreeSet<(u8, u64, u64)> = BTreeSet::new();
+        let mut next_addr = 0u64;
+        for step in 0..20_000u32 {
+            let stream = (lcg(&mut rng) % 2) as u8;
+            let size = 512 * (1 + lcg(&mut rng) % distinct) * (1 + lcg(&mut rng) % 3);
+            match lcg(&mut rng) % 4 {
+                0 | 1 => {
+                    next_addr += 1 << 20;
+                    set.insert(stream, size, next_addr, step, None);
+                    model.insert((stream, size, next_addr));
+                }
+                2 => {
+                    let want = model.range((stream, size, 0)..).next().copied();
+                    let want = want.filter(|e| e.0 == stream);
+                    let got = set.take_first_at_least(stream, size, |_| true);
+                    assert_eq!(got.map(|g| (g.size, g.addr)), want.map(|w| (w.1, w.2)));
+                    if let Some(w) = want {
+                        model.remove(&w);
+                    }
+                }
+                _ => {
+                    if let Some(&e) = model
+                        .iter()
+                        .nth(lcg(&mut rng) as usize % model.len().max(1))
+                    {
+                        assert!(set.get(e.0, e.1, e.2).is_some());
+                        assert!(set.remove(e.0, e.1, e.2, None).is_some());
+                        assert!(set.remove(e.0, e.1, e.2, None).is_none());
+                        model.remove(&e);
+                    }
+                }
+            }
+            assert_eq!(set.len(), model.len());
+        }
+        let all: Vec<_> = set.iter().map(|e| (e.stream, e.size, e.addr)).collect();
+        assert_eq!(all, model.into_iter().collect::<Vec<_>>());
+    }
+}
