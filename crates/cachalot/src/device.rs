@@ -156,6 +156,18 @@ pub(crate) enum AnyAllocator {
 }
 
 /// Runs `$body` with `$e` bound to the variant's `Engine<B>`.
+///
+/// Why a macro and not a dispatch trait (`enum_dispatch` style): every
+/// public method of [`DeviceAllocator`] is one `dispatch!` line that calls
+/// the generic `Engine<B>` or `CachingAllocator<B>` method directly, and the
+/// arm is monomorphized per backend exactly as `enum_dispatch`'s generated
+/// `match` would be (no vtable either way). A trait over `Engine<B>` would
+/// add a third copy of each of those ~25 signatures (trait declaration,
+/// impl for `Engine<B>`, the `DeviceAllocator` method that stays public),
+/// and every `CachingAllocator` method reached through `e.alloc` would need
+/// a forwarding method in it; the `#[cfg(feature)]` variants stay in this
+/// one place instead of on the enum, the trait impl and the macro input.
+/// Revisit if a second enum needs the same dispatch.
 macro_rules! dispatch {
     ($any:expr, $e:ident => $body:expr) => {
         match $any {

@@ -6,6 +6,10 @@
 //! oversize blocks, per-stream reuse, `record_stream` with end-of-life events,
 //! garbage collection, the memory fraction, the OOM ladder and `empty_cache`.
 //! Deviations from PyTorch are bug fixes, each marked in a comment.
+//!
+//! The engine is one module per idea; `README.md` in this folder lists
+//! them, with the data flow of one `malloc` and one `free` through them and
+//! where each PyTorch concept lives.
 
 mod accounting;
 mod addr_table;

@@ -69,7 +69,7 @@ impl Limits {
 
     fn set_fraction(&mut self, f: f64) {
         self.memory_fraction = f;
-        self.allowed_max = (f < 1.0).then(|| (f * self.total_memory as f64) as u64);
+        self.allowed_max = (f < 1.0).then_some((f * self.total_memory as f64) as u64);
     }
 }
 

@@ -7,6 +7,7 @@ use super::{MallocCtx, PoolFilter, capture_state, graph};
 use crate::backend::{Backend, CaptureStatus, NodeOf};
 use crate::config::CaptureReuse;
 use crate::engine::block::{BState, BlockId, NIL, Slab};
+use crate::engine::free_set::Found;
 use crate::engine::placement::FitRule;
 use crate::engine::pools::PoolIdx;
 use crate::engine::state::{Inner, Params};
@@ -19,6 +20,21 @@ pub(crate) struct Head<S> {
     addr: u64,
     stream: S,
     id: BlockId,
+}
+
+/// The deferred block the cross-stream search would take: its size and
+/// address (the best-fit key) and its index in the deferred list.
+#[derive(Clone, Copy, Debug)]
+struct DeferredPick {
+    size: u64,
+    addr: u64,
+    index: usize,
+}
+
+impl DeferredPick {
+    fn key(&self) -> (u64, u64) {
+        (self.size, self.addr)
+    }
 }
 
 /// A free block held out of its set during the cross-stream search (put
@@ -446,127 +462,18 @@ impl<B: Backend> Inner<B> {
         let Some(capture) = self.extend_visited(backend, p.stream, ctx)? else {
             return Ok(None);
         };
-        let rule = FitRule::of(&self.config);
-        let fits = |size: u64| rule.fits(p.size, size);
-        // 1. deferred blocks of other streams
-        let mut best: Option<(u64, u64, usize)> = None;
-        for (i, d) in self.capture.deferred.iter().enumerate() {
-            let b = &self.blocks[d.block];
-            if d.markers.is_empty()
-                || b.stream == p.stream
-                || b.pool != p.pool
-                || b.small != p.small
-                || !fits(b.size)
-                || b.state != BState::Pending
-                || !b.stream_uses.is_empty()
-                || b.event_count != 0
-            {
-                continue;
-            }
-            if best.is_some_and(|bk| (bk.0, bk.1) <= (b.size, b.addr)) {
-                continue;
-            }
-            if self.markers_visited(backend, capture, p.stream, &d.markers) {
-                best = Some((b.size, b.addr, i));
-            }
-        }
-        // 2. free blocks of other streams of this capture
-        let mut free_best: Option<BlockId> = None;
-        if self.free_blocks_may_move(capture, p.pool) {
-            // The candidates are the fitting free blocks of other streams in
-            // (size, address) order; the first whose stream captures here and
-            // whose logged frees are all visited wins. They are visited in
-            // that order by merging the streams: each stream's next block is
-            // its first fitting one once the blocks already looked at are
-            // held out of the free set (they go back before returning). A
-            // stream outside the capture drops out whole.
-            let pool = self.pools.pool(p.pool, p.small);
-            let mut heads = std::mem::take(&mut self.capture.scratch.heads);
-            let mut held = std::mem::take(&mut self.capture.scratch.held);
-            let mut member = std::mem::take(&mut self.capture.scratch.member);
-            heads.clear();
-            held.clear();
-            member.clear();
-            heads.extend(
-                pool.free
-                    .streams()
-                    .filter(|&s| s != p.stream)
-                    .filter_map(|s| {
-                        let f = pool.free.first_at_least(s, p.size)?;
-                        fits(f.size).then_some(Head {
-                            size: f.size,
-                            addr: f.addr,
-                            stream: s,
-                            id: f.id,
-                        })
-                    }),
-            );
-            let mut found = Ok(None);
-            while let Some(h) = (0..heads.len()).min_by_key(|&i| (heads[i].size, heads[i].addr)) {
-                let Head {
-                    size,
-                    addr,
-                    stream: s,
-                    id,
-                } = heads[h];
-                if best.is_some_and(|bk| (bk.0, bk.1) <= (size, addr)) {
-                    break;
-                }
-                match self.in_capture(backend, capture, s, &mut member) {
-                    Err(e) => {
-                        found = Err(e);
-                        break;
-                    }
-                    Ok(false) => {
-                        heads.swap_remove(h);
-                        continue;
-                    }
-                    Ok(true) => {}
-                }
-                if self.range_visited(backend, capture, p.stream, addr, addr + size) {
-                    found = Ok(Some(id));
-                    break;
-                }
-                let wk = self.blocks[id].dormant_key();
-                let free = &mut self.pools.pool_mut(p.pool, p.small).free;
-                let removed = free.remove(s, size, addr, wk);
-                debug_assert_eq!(removed, Some(id));
-                held.push(Held {
-                    stream: s,
-                    size,
-                    addr,
-                    id,
-                    dormant: wk,
-                });
-                match free.first_at_least(s, size) {
-                    Some(f) if fits(f.size) => {
-                        heads[h] = Head {
-                            size: f.size,
-                            addr: f.addr,
-                            stream: s,
-                            id: f.id,
-                        }
-                    }
-                    _ => {
-                        heads.swap_remove(h);
-                    }
-                }
-            }
-            let free = &mut self.pools.pool_mut(p.pool, p.small).free;
-            for h in &held {
-                free.insert(h.stream, h.size, h.addr, h.id, h.dormant);
-            }
-            self.capture.scratch.heads = heads;
-            self.capture.scratch.held = held;
-            self.capture.scratch.member = member;
-            free_best = found?;
-        }
-        let id = if let Some(id) = free_best {
+        let deferred = self.best_deferred_of_other_streams(backend, capture, p);
+        let free = if self.free_blocks_may_move(capture, p.pool) {
+            self.best_free_of_other_streams(backend, capture, p, deferred)?
+        } else {
+            None
+        };
+        let id = if let Some(id) = free {
             self.remove_free(id);
             self.blocks[id].stream = p.stream;
             id
-        } else if let Some((_, _, i)) = best {
-            let id = self.capture.deferred.swap_remove(i).block;
+        } else if let Some(c) = deferred {
+            let id = self.capture.deferred.swap_remove(c.index).block;
             // Retire the block as if freed (stats), re-keyed to the new
             // stream: it merges only with free blocks of that stream.
             let b = &mut self.blocks[id];
@@ -594,5 +501,136 @@ impl<B: Backend> Inner<B> {
                 .log_free(lo, hi, p.stream, &self.capture.scratch.terminals);
         }
         Ok(Some(id))
+    }
+
+    /// The best-fitting deferred block of another stream that `p.stream`
+    /// may take: its markers are all in the stream's visited set.
+    fn best_deferred_of_other_streams(
+        &self,
+        backend: &B,
+        capture: u64,
+        p: &Params<B::Stream>,
+    ) -> Option<DeferredPick> {
+        let rule = FitRule::of(&self.config);
+        let mut best: Option<DeferredPick> = None;
+        for (i, d) in self.capture.deferred.iter().enumerate() {
+            let b = &self.blocks[d.block];
+            if d.markers.is_empty()
+                || b.stream == p.stream
+                || b.pool != p.pool
+                || b.small != p.small
+                || !rule.fits(p.size, b.size)
+                || b.state != BState::Pending
+                || !b.has_no_other_uses()
+            {
+                continue;
+            }
+            if best.is_some_and(|bk| bk.key() <= (b.size, b.addr)) {
+                continue;
+            }
+            if self.markers_visited(backend, capture, p.stream, &d.markers) {
+                best = Some(DeferredPick {
+                    size: b.size,
+                    addr: b.addr,
+                    index: i,
+                });
+            }
+        }
+        best
+    }
+
+    /// The best-fitting free block of another stream of capture `capture`
+    /// that `p.stream` may take (every free logged over its bytes is in the
+    /// stream's visited set), if it fits better than `deferred`.
+    ///
+    /// The candidates are the fitting free blocks of other streams in
+    /// (size, address) order; the first whose stream captures here and
+    /// whose logged frees are all visited wins. They are visited in that
+    /// order by merging the streams: each stream's next block is its first
+    /// fitting one once the blocks already looked at are held out of the
+    /// free set (they go back before returning). A stream outside the
+    /// capture drops out whole.
+    fn best_free_of_other_streams(
+        &mut self,
+        backend: &B,
+        capture: u64,
+        p: &Params<B::Stream>,
+        deferred: Option<DeferredPick>,
+    ) -> Result<Option<BlockId>, Error> {
+        let rule = FitRule::of(&self.config);
+        let fits = |size: u64| rule.fits(p.size, size);
+        let head = |s: B::Stream, f: Found| {
+            fits(f.size).then_some(Head {
+                size: f.size,
+                addr: f.addr,
+                stream: s,
+                id: f.id,
+            })
+        };
+        let pool = self.pools.pool(p.pool, p.small);
+        let mut heads = std::mem::take(&mut self.capture.scratch.heads);
+        let mut held = std::mem::take(&mut self.capture.scratch.held);
+        let mut member = std::mem::take(&mut self.capture.scratch.member);
+        heads.clear();
+        held.clear();
+        member.clear();
+        heads.extend(
+            pool.free
+                .streams()
+                .filter(|&s| s != p.stream)
+                .filter_map(|s| head(s, pool.free.first_at_least(s, p.size)?)),
+        );
+        let mut found = Ok(None);
+        while let Some(h) = (0..heads.len()).min_by_key(|&i| (heads[i].size, heads[i].addr)) {
+            let Head {
+                size,
+                addr,
+                stream: s,
+                id,
+            } = heads[h];
+            if deferred.is_some_and(|d| d.key() <= (size, addr)) {
+                break;
+            }
+            match self.in_capture(backend, capture, s, &mut member) {
+                Err(e) => {
+                    found = Err(e);
+                    break;
+                }
+                Ok(false) => {
+                    heads.swap_remove(h);
+                    continue;
+                }
+                Ok(true) => {}
+            }
+            if self.range_visited(backend, capture, p.stream, addr, addr + size) {
+                found = Ok(Some(id));
+                break;
+            }
+            let dormant = self.blocks[id].dormant_key();
+            let free = &mut self.pools.pool_mut(p.pool, p.small).free;
+            let removed = free.remove(s, size, addr, dormant);
+            debug_assert_eq!(removed, Some(id));
+            held.push(Held {
+                stream: s,
+                size,
+                addr,
+                id,
+                dormant,
+            });
+            match free.first_at_least(s, size).and_then(|f| head(s, f)) {
+                Some(next) => heads[h] = next,
+                None => {
+                    heads.swap_remove(h);
+                }
+            }
+        }
+        let free = &mut self.pools.pool_mut(p.pool, p.small).free;
+        for h in &held {
+            free.insert(h.stream, h.size, h.addr, h.id, h.dormant);
+        }
+        self.capture.scratch.heads = heads;
+        self.capture.scratch.held = held;
+        self.capture.scratch.member = member;
+        found
     }
 }
