@@ -108,7 +108,7 @@ impl From<Error> for Failure {
             Error::DoubleFree(_) | Error::NotLive(_) => CACHALOT_ERR_DOUBLE_FREE,
             Error::Config(_) => CACHALOT_ERR_CONFIG,
             Error::Capture(_) => CACHALOT_ERR_CAPTURE,
-            Error::Backend(_) => CACHALOT_ERR_BACKEND,
+            Error::Backend(_) | Error::ReleaseFailed { .. } => CACHALOT_ERR_BACKEND,
             Error::NoDevice(_) => CACHALOT_ERR_NO_DEVICE,
             Error::InvalidArgument(_) => CACHALOT_ERR_INVALID_ARGUMENT,
         };

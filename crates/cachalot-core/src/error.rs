@@ -261,6 +261,21 @@ pub enum Error {
     /// An argument is invalid (e.g. a device index out of range).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// Releasing cached segments to the device failed for some of them
+    /// (`empty_cache`, a private pool's release): every other segment was
+    /// released; these stay cached, consistent, and a later release retries
+    /// them.
+    #[error(
+        "{segments} cached segment(s) ({bytes} bytes) could not be released to the device; the first failure: {first}"
+    )]
+    ReleaseFailed {
+        /// Segments still cached.
+        segments: usize,
+        /// Their bytes.
+        bytes: u64,
+        /// The first driver error.
+        first: BackendError,
+    },
 }
 
 impl Error {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
-use cachalot_core::engine::{HistoryConfig, OomObserver, Snapshot, TraceEntry};
+use cachalot_core::engine::{HistoryConfig, ObserverId, OomObserver, Snapshot, TraceEntry};
 use cachalot_core::replay::{ReplayReport, ThreadsReport, Trace};
 use cachalot_core::{
     AllocatorConfig, Backend, CachingAllocator, DeviceIndex, DeviceStats, Error, MemoryInfo,
@@ -432,12 +432,22 @@ impl DeviceAllocator {
 
     /// Registers a callback run on every out-of-memory error of this device,
     /// before the error returns.
-    pub fn add_oom_observer(&self, observer: impl Fn(&OomReport) + Send + Sync + 'static) {
-        self.add_oom_observer_arc(Arc::new(observer));
+    /// Returns its handle for [`Self::remove_oom_observer`]. The observer
+    /// runs with no allocator lock held and may call back into it.
+    pub fn add_oom_observer(
+        &self,
+        observer: impl Fn(&OomReport) + Send + Sync + 'static,
+    ) -> ObserverId {
+        self.add_oom_observer_arc(Arc::new(observer))
     }
 
-    pub(crate) fn add_oom_observer_arc(&self, observer: OomObserver) {
+    pub(crate) fn add_oom_observer_arc(&self, observer: OomObserver) -> ObserverId {
         dispatch!(&self.inner, e => e.alloc.add_oom_observer(observer))
+    }
+
+    /// Unregisters an observer of this device; false when not registered.
+    pub fn remove_oom_observer(&self, id: ObserverId) -> bool {
+        dispatch!(&self.inner, e => e.alloc.remove_oom_observer(id))
     }
 
     /// Turns the memory history on (`Some`) or off (`None`, clearing it).

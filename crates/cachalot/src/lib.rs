@@ -65,7 +65,8 @@ pub use global::{
 /// The device-agnostic core (engine, backend trait, stats model).
 pub use cachalot_core as core;
 pub use cachalot_core::engine::{
-    BlockSnapshot, BlockState, HistoryConfig, SegmentSnapshot, Snapshot, TraceAction, TraceEntry,
+    BlockSnapshot, BlockState, HistoryConfig, ObserverId, SegmentSnapshot, Snapshot, TraceAction,
+    TraceEntry,
 };
 pub use cachalot_core::replay::{ReplayReport, Trace, TraceError};
 pub use cachalot_core::{

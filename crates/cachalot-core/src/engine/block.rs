@@ -33,14 +33,6 @@ impl<S: Copy> Uses<S> {
     pub fn push(&mut self, s: S) {
         self.0.get_or_insert_with(Default::default).push(s);
     }
-    /// Adds streams.
-    pub fn extend_from_slice(&mut self, v: &[S]) {
-        if !v.is_empty() {
-            self.0
-                .get_or_insert_with(Default::default)
-                .extend_from_slice(v);
-        }
-    }
     /// Removes every stream.
     #[inline]
     pub fn clear(&mut self) {

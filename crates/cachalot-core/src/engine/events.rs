@@ -31,6 +31,9 @@ pub(crate) struct EventState<B: Backend> {
     outstanding: usize,
     /// Completed events kept for reuse.
     pool: Vec<B::Event>,
+    /// Events recorded for a block that is not yet committed to them
+    /// ([`Inner::stage_events`]).
+    staged: Vec<(B::Stream, B::Event)>,
 }
 
 impl<B: Backend> Default for EventState<B> {
@@ -39,6 +42,7 @@ impl<B: Backend> Default for EventState<B> {
             queues: Vec::new(),
             outstanding: 0,
             pool: Vec::new(),
+            staged: Vec::new(),
         }
     }
 }
@@ -151,12 +155,15 @@ impl<B: Backend> Inner<B> {
         Ok(ok)
     }
 
-    /// Records an end-of-life event on every stream the block was used on.
-    /// On a failure the streams not yet recorded go back to the block's uses
-    /// and the block is parked as deferred until a device-wide sync.
-    pub(super) fn insert_events(&mut self, backend: &B, id: BlockId) -> Result<(), Error> {
-        let uses = std::mem::take(&mut self.blocks[id].stream_uses);
-        for (i, &s) in uses.iter().enumerate() {
+    /// Records an end-of-life event on every stream the block was used on,
+    /// staged: nothing is queued and the block is unchanged until
+    /// [`Self::commit_staged_events`]. On a failure every event taken goes
+    /// back to the pool (a recorded event is re-recorded before any reuse)
+    /// and nothing has changed.
+    pub(super) fn stage_events(&mut self, backend: &B, id: BlockId) -> Result<(), Error> {
+        debug_assert!(self.events.staged.is_empty());
+        for i in 0..self.blocks[id].stream_uses.len() {
+            let s = self.blocks[id].stream_uses[i];
             let recorded = match self.events.get(backend) {
                 Ok(e) => match backend.record_event(&e, s) {
                     Ok(()) => Ok(e),
@@ -167,25 +174,47 @@ impl<B: Backend> Inner<B> {
                 },
                 Err(err) => Err(err),
             };
-            let ev = match recorded {
-                Ok(e) => e,
+            match recorded {
+                Ok(e) => self.events.staged.push((s, e)),
                 Err(err) => {
-                    let b = &mut self.blocks[id];
-                    b.stream_uses.extend_from_slice(&uses[i..]);
-                    if b.event_count == 0 {
-                        let stream = b.stream;
-                        self.capture.deferred.push(Deferred {
-                            block: id,
-                            stream,
-                            markers: Vec::new(),
-                        });
-                    }
+                    let staged = std::mem::take(&mut self.events.staged);
+                    self.events.pool.extend(staged.into_iter().map(|(_, e)| e));
                     return Err(err.into());
                 }
-            };
-            self.blocks[id].event_count += 1;
-            self.events.push(s, ev, id);
+            }
         }
+        Ok(())
+    }
+
+    /// Queues the events [`Self::stage_events`] recorded for `id`: the
+    /// block waits for them (its stream uses are now covered).
+    pub(super) fn commit_staged_events(&mut self, id: BlockId) {
+        self.blocks[id].stream_uses.clear();
+        let mut staged = std::mem::take(&mut self.events.staged);
+        for (s, e) in staged.drain(..) {
+            self.blocks[id].event_count += 1;
+            self.events.push(s, e, id);
+        }
+        self.events.staged = staged;
+    }
+
+    /// Records and queues an end-of-life event on every stream the block was
+    /// used on. On a failure nothing is recorded and the block, with all its
+    /// uses, is parked as deferred until a device-wide sync.
+    pub(super) fn insert_events(&mut self, backend: &B, id: BlockId) -> Result<(), Error> {
+        if let Err(e) = self.stage_events(backend, id) {
+            let b = &self.blocks[id];
+            if b.event_count == 0 {
+                let stream = b.stream;
+                self.capture.deferred.push(Deferred {
+                    block: id,
+                    stream,
+                    markers: Vec::new(),
+                });
+            }
+            return Err(e);
+        }
+        self.commit_staged_events(id);
         Ok(())
     }
 

@@ -45,8 +45,15 @@ pub use snapshot::{BlockSnapshot, BlockState, SegmentSnapshot, Snapshot};
 use state::{AllocOutcome, Inner};
 
 /// A callback run on out-of-memory, after the lock is dropped and before the
-/// error is returned.
+/// error is returned. It runs with no allocator lock held, so it may call
+/// back into the allocator (allocate, free, `memory_stats`, `empty_cache`,
+/// add or remove observers).
 pub type OomObserver = Arc<dyn Fn(&OomReport) + Send + Sync>;
+
+/// The handle of a registered OOM observer
+/// ([`CachingAllocator::remove_oom_observer`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ObserverId(u64);
 
 static NEXT_POOL: AtomicU64 = AtomicU64::new(1);
 
@@ -63,7 +70,8 @@ pub fn graph_pool_handle() -> PoolId {
 pub struct CachingAllocator<B: Backend> {
     backend: B,
     inner: Mutex<Inner<B>>,
-    observers: RwLock<Vec<OomObserver>>,
+    observers: RwLock<Vec<(ObserverId, OomObserver)>>,
+    next_observer: AtomicU64,
 }
 
 impl<B: Backend> std::fmt::Debug for CachingAllocator<B> {
@@ -117,6 +125,7 @@ impl<B: Backend> CachingAllocator<B> {
             inner: Mutex::new(Inner::new(config, total)),
             backend,
             observers: RwLock::new(Vec::new()),
+            next_observer: AtomicU64::new(1),
         })
     }
 
@@ -143,9 +152,7 @@ impl<B: Backend> CachingAllocator<B> {
             AllocOutcome::Ok(addr) => Ok(addr),
             AllocOutcome::Oom { report, never_fits } => {
                 tracing::warn!(%report, "out of memory");
-                for o in self.observers.read().iter() {
-                    o(&report);
-                }
+                self.notify_oom(&report);
                 if never_fits {
                     Err(Error::NeverFits {
                         requested: size,
@@ -228,9 +235,30 @@ impl<B: Backend> CachingAllocator<B> {
         self.lock().set_memory_fraction(fraction)
     }
 
-    /// Registers a callback run on every out-of-memory error.
-    pub fn add_oom_observer(&self, observer: OomObserver) {
-        self.observers.write().push(observer);
+    /// Registers a callback run on every out-of-memory error; returns its
+    /// handle for [`Self::remove_oom_observer`].
+    pub fn add_oom_observer(&self, observer: OomObserver) -> ObserverId {
+        let id = ObserverId(self.next_observer.fetch_add(1, Ordering::Relaxed));
+        self.observers.write().push((id, observer));
+        id
+    }
+
+    /// Unregisters an observer; false when `id` is not registered (any more).
+    pub fn remove_oom_observer(&self, id: ObserverId) -> bool {
+        let mut list = self.observers.write();
+        let before = list.len();
+        list.retain(|e| e.0 != id);
+        list.len() != before
+    }
+
+    /// Runs every observer registered now, on a copy of the list: no lock
+    /// of this allocator is held while user code runs.
+    #[cold]
+    fn notify_oom(&self, report: &OomReport) {
+        let list: Vec<OomObserver> = self.observers.read().iter().map(|e| e.1.clone()).collect();
+        for o in list {
+            o(report);
+        }
     }
 
     /// Routes allocations of streams matching `filter` to the private pool

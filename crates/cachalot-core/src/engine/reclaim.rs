@@ -47,10 +47,12 @@ impl<B: Backend> Inner<B> {
             let mut keep = Vec::with_capacity(cands.len());
             for (id, age) in cands {
                 if age >= age_threshold {
-                    freed_any = true;
-                    reclaimed += self.blocks[id].size;
                     total_age -= age;
-                    self.release_segment(backend, id)?;
+                    let size = self.blocks[id].size;
+                    if self.release_segment(backend, id) {
+                        freed_any = true;
+                        reclaimed += size;
+                    }
                 } else {
                     keep.push((id, age));
                 }
@@ -78,8 +80,7 @@ impl<B: Backend> Inner<B> {
         if let Some(f) = pool.free.first_at_least(p.stream, target)
             && releasable(&self.blocks[f.id])
         {
-            self.release_segment(backend, f.id)?;
-            return Ok(true);
+            return Ok(self.release_segment(backend, f.id));
         }
         let candidates: Vec<BlockId> = pool
             .free
@@ -97,10 +98,12 @@ impl<B: Backend> Inner<B> {
             if released >= target {
                 break;
             }
-            released += self.blocks[id].size;
-            self.release_segment(backend, id)?;
+            let size = self.blocks[id].size;
+            if self.release_segment(backend, id) {
+                released += size;
+            }
         }
-        Ok(true)
+        Ok(released > 0)
     }
 
     /// PyTorch's `release_cached_blocks` for the default id: sync all events
@@ -112,29 +115,29 @@ impl<B: Backend> Inner<B> {
             if self.config.idle_stream_reuse {
                 self.merge_idle_neighbours(backend)?;
             }
-            self.release_default_pools(backend)?;
+            self.release_default_pools(backend);
         }
-        self.release_freeable_private_pools(backend)
+        self.release_freeable_private_pools(backend);
+        Ok(())
     }
 
     /// Releases every whole free segment of the default pools.
-    pub(super) fn release_default_pools(&mut self, backend: &B) -> Result<(), Error> {
-        self.release_pool_segments(backend, DEFAULT_POOL, false)?;
-        self.release_pool_segments(backend, DEFAULT_POOL, true)
+    pub(super) fn release_default_pools(&mut self, backend: &B) {
+        self.release_pool_segments(backend, DEFAULT_POOL, false);
+        self.release_pool_segments(backend, DEFAULT_POOL, true);
     }
 
     /// Releases the whole free segments of private pools no one holds, and
     /// deletes those left without segments.
-    pub(super) fn release_freeable_private_pools(&mut self, backend: &B) -> Result<(), Error> {
+    pub(super) fn release_freeable_private_pools(&mut self, backend: &B) {
         for idx in 1..self.pools.slots() {
             if !self.pools.is_freeable(idx) {
                 continue;
             }
-            self.release_pool_segments(backend, idx, false)?;
-            self.release_pool_segments(backend, idx, true)?;
+            self.release_pool_segments(backend, idx, false);
+            self.release_pool_segments(backend, idx, true);
             self.pools.delete_if_empty(idx);
         }
-        Ok(())
     }
 
     /// cachalot extension (`idle_stream_reuse`): the best-fitting whole free

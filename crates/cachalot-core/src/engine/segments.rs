@@ -11,7 +11,7 @@ use crate::engine::block::{BState, Block, BlockId, NIL};
 use crate::engine::history::TraceAction;
 use crate::engine::pools::PoolIdx;
 use crate::engine::state::{Inner, Params};
-use crate::error::{DeviceAllocError, Error};
+use crate::error::{BackendError, DeviceAllocError, Error};
 use crate::stats::StatType;
 
 /// How a segment's memory is backed.
@@ -75,9 +75,39 @@ impl Segments {
 }
 
 /// Returns a segment's memory to the device.
-fn free_segment<B: Backend>(backend: &B, addr: u64, seg: &Segment) -> Result<(), Error> {
+fn free_segment<B: Backend>(backend: &B, addr: u64, seg: &Segment) -> Result<(), BackendError> {
     match seg.kind {
-        SegmentKind::Fixed => Ok(backend.free(B::Ptr::from_addr(addr), seg.size)?),
+        SegmentKind::Fixed => backend.free(B::Ptr::from_addr(addr), seg.size),
+    }
+}
+
+/// Segments a release path could not return to the device, collected while
+/// it goes on with the others.
+#[derive(Debug, Default)]
+pub(crate) struct ReleaseFailures {
+    segments: usize,
+    bytes: u64,
+    first: Option<BackendError>,
+}
+
+impl ReleaseFailures {
+    fn record(&mut self, bytes: u64, e: BackendError) {
+        self.segments += 1;
+        self.bytes += bytes;
+        self.first.get_or_insert(e);
+    }
+
+    /// The failures so far as one error (`Ok` when none), cleared.
+    pub fn take(&mut self) -> Result<(), Error> {
+        let taken = std::mem::take(self);
+        match taken.first {
+            None => Ok(()),
+            Some(first) => Err(Error::ReleaseFailed {
+                segments: taken.segments,
+                bytes: taken.bytes,
+                first,
+            }),
+        }
     }
 }
 
@@ -133,8 +163,11 @@ impl<B: Backend> Inner<B> {
         Ok(Some(id))
     }
 
-    /// Returns a whole free segment to the device (PyTorch's `release_block`).
-    pub(super) fn release_segment(&mut self, backend: &B, id: BlockId) -> Result<(), Error> {
+    /// Returns a whole free segment to the device (PyTorch's
+    /// `release_block`). True when released; a failed device free changes
+    /// nothing (the segment stays cached) and is recorded in
+    /// `release_failures` for the release path to report.
+    pub(super) fn release_segment(&mut self, backend: &B, id: BlockId) -> bool {
         let b = &self.blocks[id];
         debug_assert!(releasable(b) && b.state == BState::Free);
         let (addr, size, small, pool, stream) = (b.addr, b.size, b.small, b.pool, b.stream);
@@ -143,7 +176,11 @@ impl<B: Backend> Inner<B> {
             .map
             .get(&addr)
             .expect("a whole block is its segment");
-        free_segment(backend, addr, &seg)?;
+        if let Err(e) = free_segment(backend, addr, &seg) {
+            tracing::warn!(%e, size, addr, "releasing a cached segment failed; it stays cached");
+            self.release_failures.record(size, e);
+            return false;
+        }
         self.segments.map.remove(&addr);
         let oversize = seg.oversize;
         self.trace(TraceAction::SegmentFree, addr, size, stream);
@@ -153,26 +190,21 @@ impl<B: Backend> Inner<B> {
         self.pools.remove_segment(pool);
         self.blocks.remove(id);
         tracing::debug!(size, addr, "device segment released");
-        Ok(())
+        true
     }
 
-    /// Releases every releasable free block of one block pool.
-    pub(super) fn release_pool_segments(
-        &mut self,
-        backend: &B,
-        pool: PoolIdx,
-        small: bool,
-    ) -> Result<(), Error> {
+    /// Releases every releasable free block of one block pool (going on
+    /// past failures, which `release_failures` collects).
+    pub(super) fn release_pool_segments(&mut self, backend: &B, pool: PoolIdx, small: bool) {
         let ids: Vec<BlockId> = match self.pools.try_pool_mut(pool, small) {
             Some(p) => p.free.iter().map(|e| e.id).collect(),
-            None => return Ok(()),
+            None => return,
         };
         for id in ids {
             if releasable(&self.blocks[id]) {
-                self.release_segment(backend, id)?;
+                self.release_segment(backend, id);
             }
         }
-        Ok(())
     }
 
     /// Unknown pointer vs double free (the pointer lies in one of our
@@ -198,7 +230,7 @@ impl<B: Backend> Inner<B> {
         }
         keep(self.events.destroy_all(backend));
         for (addr, seg) in std::mem::take(&mut self.segments.map) {
-            keep(free_segment(backend, addr, &seg));
+            keep(free_segment(backend, addr, &seg).map_err(Error::from));
         }
         first_err.map_or(Ok(()), Err)
     }

@@ -16,7 +16,7 @@ use crate::engine::pools::{DEFAULT_POOL, PoolIdx, Pools};
 use crate::engine::rounding::{
     MAX_REQUEST, MIN_BLOCK_SIZE, SMALL_SIZE, allocation_size, round_size,
 };
-use crate::engine::segments::Segments;
+use crate::engine::segments::{ReleaseFailures, Segments};
 use crate::error::{Error, OomReport};
 use crate::stats::{DeviceStats, StatType};
 
@@ -44,6 +44,20 @@ pub(crate) enum AllocOutcome {
         /// The segment exceeds the device (or the memory fraction) itself.
         never_fits: bool,
     },
+}
+
+/// What [`Inner::free`] does once its fallible part succeeded.
+enum FreePlan<N> {
+    /// Back to the pool now.
+    Now,
+    /// Back to the pool now, during a capture (the free is logged for
+    /// cross-stream reuse).
+    InCapture,
+    /// Deferred during capture with these free markers (empty: until the
+    /// capture ends).
+    Defer(Vec<N>),
+    /// Pending until the end-of-life events staged for it complete.
+    Events,
 }
 
 /// The device-memory budget.
@@ -87,6 +101,8 @@ pub(crate) struct Inner<B: Backend> {
     pub(super) limits: Limits,
     /// Memory history, `None` when off.
     pub(super) history: Option<Box<History>>,
+    /// Segments the current release path could not free.
+    pub(super) release_failures: ReleaseFailures,
 }
 
 impl<B: Backend> Inner<B> {
@@ -105,6 +121,7 @@ impl<B: Backend> Inner<B> {
             capture: CaptureState::default(),
             limits: Limits::new(total_memory, config.per_process_memory_fraction),
             history: None,
+            release_failures: ReleaseFailures::default(),
             config,
         }
     }
@@ -188,6 +205,9 @@ impl<B: Backend> Inner<B> {
         if found.is_none() && !capturing {
             found = self.release_all_and_retry(backend, p)?;
         }
+        // A segment the ladder could not release stays cached (warned
+        // about); the allocation's outcome does not depend on it.
+        let _ = self.release_failures.take();
         match found {
             Some(id) => Ok(AllocOutcome::Ok(self.alloc_found_block(id, p))),
             None => {
@@ -216,8 +236,8 @@ impl<B: Backend> Inner<B> {
         if let Some(id) = self.get_free_block(p) {
             return Ok(Some(id));
         }
-        self.release_default_pools(backend)?;
-        self.release_freeable_private_pools(backend)?;
+        self.release_default_pools(backend);
+        self.release_freeable_private_pools(backend);
         self.alloc_segment(backend, p)
     }
 
@@ -267,11 +287,17 @@ impl<B: Backend> Inner<B> {
 
     /// The caller's free of `addr`: the block returns to its pool now, or
     /// once its uses on other streams are over (events, or during capture
-    /// its free markers).
+    /// its free markers). Atomic: everything that can fail (recording the
+    /// end-of-life events, asking the capture graph) happens before the
+    /// block leaves the live map, so an error leaves the allocation live and
+    /// unchanged, and a retry frees it.
     pub fn free(&mut self, backend: &B, addr: u64) -> Result<(), Error> {
-        let Some(id) = self.live.remove(addr) else {
+        let Some(id) = self.live.get(addr) else {
             return Err(self.classify_bad_pointer(addr, true));
         };
+        let plan = self.prepare_free(backend, id)?;
+        // ----- nothing below fails -----
+        self.live.remove(addr);
         if self.history.is_some() {
             let b = &self.blocks[id];
             let (a, sz, s) = (b.addr, b.size, b.stream);
@@ -282,47 +308,61 @@ impl<B: Backend> Inner<B> {
         let (st, size) = (b.stat_type(), b.size);
         let oversize = std::mem::take(&mut b.oversize);
         self.stats.on_free_requested(st, size, oversize);
-        let b = &mut self.blocks[id];
-        if b.stream_uses.is_empty() && b.capture_uses.is_empty() {
-            if !self.capture.is_active() {
+        match plan {
+            FreePlan::Now => {
+                // uses recorded during an earlier capture end with it
+                self.blocks[id].capture_uses.clear();
                 self.free_block(id);
-                return Ok(());
             }
-            return self.free_in_capture(backend, id);
+            FreePlan::InCapture => {
+                let id = self.free_block(id);
+                self.note_capture_free(backend, id);
+            }
+            FreePlan::Defer(markers) => {
+                let b = &mut self.blocks[id];
+                b.state = BState::Pending;
+                let stream = b.stream;
+                self.capture.deferred.push(Deferred {
+                    block: id,
+                    stream,
+                    markers,
+                });
+            }
+            FreePlan::Events => {
+                let b = &mut self.blocks[id];
+                b.state = BState::Pending;
+                b.capture_uses.clear();
+                self.commit_staged_events(id);
+            }
         }
-        b.state = BState::Pending;
-        if self.capture.is_active() {
-            let markers = if self.config.graph_capture_record_stream_reuse != CaptureReuse::Off {
-                self.free_markers(backend, id)?
-            } else {
-                Vec::new()
-            };
-            let stream = self.blocks[id].stream;
-            self.capture.deferred.push(Deferred {
-                block: id,
-                stream,
-                markers,
-            });
-            return Ok(());
-        }
-        self.blocks[id].capture_uses.clear();
-        if self.blocks[id].stream_uses.is_empty() {
-            self.free_block(id);
-            Ok(())
-        } else {
-            self.insert_events(backend, id)
-        }
+        Ok(())
     }
 
-    /// A block with no other-stream uses freed while a capture is underway:
-    /// it may first adopt free neighbours of other streams (`cross_stream`),
-    /// and its free is logged for cross-stream reuse.
-    #[cold]
-    fn free_in_capture(&mut self, backend: &B, id: BlockId) -> Result<(), Error> {
-        self.adopt_free_neighbours(backend, id, &mut MallocCtx::default())?;
-        let id = self.free_block(id);
-        self.note_capture_free(backend, id);
-        Ok(())
+    /// The fallible part of [`Self::free`], before any change the caller
+    /// can observe: the block's end-of-life events recorded (staged), or its
+    /// free markers taken, or (`cross_stream`) free neighbours adopted.
+    fn prepare_free(&mut self, backend: &B, id: BlockId) -> Result<FreePlan<NodeOf<B>>, Error> {
+        let b = &self.blocks[id];
+        let no_other_uses = b.stream_uses.is_empty() && b.capture_uses.is_empty();
+        if !self.capture.is_active() {
+            if no_other_uses || b.stream_uses.is_empty() {
+                return Ok(FreePlan::Now);
+            }
+            self.stage_events(backend, id)?;
+            return Ok(FreePlan::Events);
+        }
+        if no_other_uses {
+            // Adopting free neighbours only re-keys free blocks (the merge
+            // itself happens in `free_block`).
+            self.adopt_free_neighbours(backend, id, &mut MallocCtx::default())?;
+            return Ok(FreePlan::InCapture);
+        }
+        let markers = if self.config.graph_capture_record_stream_reuse != CaptureReuse::Off {
+            self.free_markers(backend, id)?
+        } else {
+            Vec::new()
+        };
+        Ok(FreePlan::Defer(markers))
     }
 
     /// Returns a block to its pool, merging with free neighbours of its
@@ -377,12 +417,17 @@ impl<B: Backend> Inner<B> {
     /// Releases every whole free segment that may go (after waiting for
     /// pending events outside capture) and, outside capture, the pooled
     /// events.
+    /// A segment whose device free fails stays cached and the others are
+    /// still released; the failures come back as one
+    /// [`Error::ReleaseFailed`].
     pub fn empty_cache(&mut self, backend: &B) -> Result<(), Error> {
-        self.release_cached_blocks(backend)?;
+        let r = self.release_cached_blocks(backend);
+        let released = self.release_failures.take();
+        r?;
         if !self.capture.is_active() {
             self.events.destroy_pooled(backend)?;
         }
-        Ok(())
+        released
     }
 
     /// Applies a config string; on error nothing changes.

@@ -384,7 +384,8 @@ impl<B: Backend> Inner<B> {
     /// its free segments are released and the pool deleted once empty.
     pub(super) fn release_pool(&mut self, backend: &B, id: PoolId) -> Result<(), Error> {
         if self.pools.end_use(id)? && !self.capture.is_recording(id) {
-            self.release_freeable_private_pools(backend)?;
+            self.release_freeable_private_pools(backend);
+            return self.release_failures.take();
         }
         Ok(())
     }
