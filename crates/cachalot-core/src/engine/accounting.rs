@@ -7,7 +7,7 @@ use crate::stats::{DeviceStats, StatType};
 
 impl DeviceStats {
     /// A segment of `size` bytes came from the device.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn on_segment_alloc(&mut self, st: StatType, size: u64, oversize: bool) {
         self.segment.update(st, 1);
         self.reserved_bytes.update(st, size as i64);
@@ -18,7 +18,7 @@ impl DeviceStats {
     }
 
     /// A segment of `size` bytes went back to the device.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn on_segment_free(&mut self, st: StatType, size: u64, oversize: bool) {
         self.segment.update(st, -1);
         self.reserved_bytes.update(st, -(size as i64));
@@ -29,7 +29,7 @@ impl DeviceStats {
     }
 
     /// A block of `size` bytes (for a request of `requested`) was handed out.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn on_alloc(&mut self, st: StatType, size: u64, requested: u64, oversize: bool) {
         self.allocation.increase(st, 1);
         self.allocated_bytes.increase(st, size as i64);
@@ -43,7 +43,7 @@ impl DeviceStats {
 
     /// The caller freed a block: no longer allocated (still active until its
     /// uses on other streams are over).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn on_free_requested(&mut self, st: StatType, size: u64, oversize: bool) {
         self.allocation.decrease(st, 1);
         self.allocated_bytes.decrease(st, size as i64);
@@ -53,7 +53,7 @@ impl DeviceStats {
     }
 
     /// A freed block became inactive (back in its pool).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn on_inactive(&mut self, st: StatType, size: u64, requested: u64) {
         self.active.decrease(st, 1);
         self.active_bytes.decrease(st, size as i64);
@@ -61,7 +61,7 @@ impl DeviceStats {
     }
 
     /// Inactive split blocks changed by `count` blocks and `bytes` bytes.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn on_inactive_split(&mut self, st: StatType, count: i64, bytes: i64) {
         if count != 0 {
             self.inactive_split.update(st, count);
@@ -73,7 +73,7 @@ impl DeviceStats {
 
     /// A whole segment was split for a request: its remainder of `rem`
     /// bytes is a new inactive split block.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn on_split_segment(&mut self, st: StatType, rem: u64) {
         self.inactive_split_bytes.update(st, rem as i64);
         self.inactive_split.update(st, 1);
@@ -81,13 +81,13 @@ impl DeviceStats {
 
     /// An inactive split block was split for a request of `taken` bytes:
     /// the remainder stays an inactive split block.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn on_split_split(&mut self, st: StatType, taken: u64) {
         self.inactive_split_bytes.update(st, -(taken as i64));
     }
 
     /// An inactive split block of `size` bytes was handed out whole.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn on_take_split(&mut self, st: StatType, size: u64) {
         self.inactive_split_bytes.update(st, -(size as i64));
         self.inactive_split.update(st, -1);
@@ -95,7 +95,7 @@ impl DeviceStats {
 
     /// Two inactive split blocks of different streams merged into one block
     /// of `merged` bytes, itself split (`still_split`) or a whole segment.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn on_merge_split(&mut self, st: StatType, merged: u64, still_split: bool) {
         self.inactive_split.update(st, -2);
         self.inactive_split_bytes.update(st, -(merged as i64));

@@ -288,26 +288,37 @@ impl<B: Backend> Inner<B> {
     /// The caller's free of `addr`: the block returns to its pool now, or
     /// once its uses on other streams are over (events, or during capture
     /// its free markers). Atomic: everything that can fail (recording the
-    /// end-of-life events, asking the capture graph) happens before the
-    /// block leaves the live map, so an error leaves the allocation live and
-    /// unchanged, and a retry frees it.
+    /// end-of-life events, asking the capture graph) happens before any
+    /// change but the live map's, which a failure undoes: an error leaves
+    /// the allocation live and unchanged, and a retry frees it.
     pub fn free(&mut self, backend: &B, addr: u64) -> Result<(), Error> {
-        let Some(id) = self.live.get(addr) else {
+        let Some(id) = self.live.remove(addr) else {
             return Err(self.classify_bad_pointer(addr, true));
         };
-        let plan = self.prepare_free(backend, id)?;
-        // ----- nothing below fails -----
-        self.live.remove(addr);
-        if self.history.is_some() {
-            let b = &self.blocks[id];
-            let (a, sz, s) = (b.addr, b.size, b.stream);
-            self.trace(TraceAction::FreeRequested, a, sz, s);
+        let b = &self.blocks[id];
+        if b.stream_uses.is_empty() && b.capture_uses.is_empty() && !self.capture.is_active() {
+            // the common case: nothing can fail
+            self.retire(id);
+            self.free_block(id);
+            return Ok(());
         }
-        let b = &mut self.blocks[id];
-        debug_assert_eq!(b.state, BState::Allocated);
-        let (st, size) = (b.stat_type(), b.size);
-        let oversize = std::mem::take(&mut b.oversize);
-        self.stats.on_free_requested(st, size, oversize);
+        self.free_with_uses(backend, addr, id)
+    }
+
+    /// [`Self::free`] of a block used on other streams, or during a
+    /// capture: the fallible part first; on its failure the block goes back
+    /// to the live map, unchanged.
+    #[cold]
+    fn free_with_uses(&mut self, backend: &B, addr: u64, id: BlockId) -> Result<(), Error> {
+        let plan = match self.prepare_free(backend, id) {
+            Ok(plan) => plan,
+            Err(e) => {
+                self.live.insert(addr, id);
+                return Err(e);
+            }
+        };
+        // ----- nothing below fails -----
+        self.retire(id);
         match plan {
             FreePlan::Now => {
                 // uses recorded during an earlier capture end with it
@@ -336,6 +347,22 @@ impl<B: Backend> Inner<B> {
             }
         }
         Ok(())
+    }
+
+    /// The caller gave block `id` up: traced, and no longer counted as
+    /// allocated (it stays active until it is back in its pool).
+    #[inline(always)]
+    fn retire(&mut self, id: BlockId) {
+        if self.history.is_some() {
+            let b = &self.blocks[id];
+            let (a, sz, s) = (b.addr, b.size, b.stream);
+            self.trace(TraceAction::FreeRequested, a, sz, s);
+        }
+        let b = &mut self.blocks[id];
+        debug_assert_eq!(b.state, BState::Allocated);
+        let (st, size) = (b.stat_type(), b.size);
+        let oversize = std::mem::take(&mut b.oversize);
+        self.stats.on_free_requested(st, size, oversize);
     }
 
     /// The fallible part of [`Self::free`], before any change the caller
