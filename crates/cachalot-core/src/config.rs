@@ -51,8 +51,9 @@ pub const MAX_SIZE_MB: u64 = 1 << 40;
 /// rounded: larger values are typos, not tuning.
 pub const MAX_ROUNDUP_DIVISIONS: u64 = 1 << 20;
 
-/// `s`, cut after [`ECHO_LIMIT`] characters (marked `…`), for error messages.
-pub(crate) fn echo(s: &str) -> String {
+/// `s`, cut after [`ECHO_LIMIT`] characters (marked `…`): how an error
+/// message echoes user input.
+pub fn echo(s: &str) -> String {
     match s.char_indices().nth(ECHO_LIMIT) {
         None => s.to_string(),
         Some((i, _)) => format!("{}…", &s[..i]),

@@ -343,6 +343,17 @@ pub enum Error {
     /// No backend or device is available.
     #[error("no device: {0}")]
     NoDevice(String),
+    /// An environment variable cachalot reads holds a value it does not
+    /// accept (not a number, out of range, not UTF-8).
+    #[error("environment variable {var}: invalid value '{value}', expected {allowed}")]
+    InvalidEnv {
+        /// The variable.
+        var: &'static str,
+        /// Its value (truncated to [`crate::config::ECHO_LIMIT`] characters).
+        value: String,
+        /// What is allowed, in words (`"an integer in [0, 64]"`).
+        allowed: String,
+    },
     /// An argument is invalid (e.g. a device index out of range).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
