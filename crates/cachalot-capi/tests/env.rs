@@ -48,10 +48,8 @@ fn hostile_mock_environment_is_an_error_code() {
     assert_eq!(init(), CACHALOT_OK);
     assert_eq!(cachalot_device_count(), 2);
     // SAFETY: a NUL-terminated literal.
-    assert_eq!(
-        unsafe { cachalot_set_config(c"garbage_collection_threshold:0.5".as_ptr()) },
-        CACHALOT_ERR_CONFIG
-    );
+    let rc = unsafe { cachalot_set_config(c"garbage_collection_threshold:0.5".as_ptr()) };
+    assert_eq!(rc, CACHALOT_ERR_CONFIG);
     assert!(last_error().contains("CACHALOT_ALLOC_CONF"));
     assert!(cachalot_malloc(512, 1, null_mut()).is_null());
     assert_eq!(cachalot_last_error_code(), CACHALOT_ERR_CONFIG);

@@ -547,7 +547,7 @@ impl AllocatorConfig {
     /// is set. A bad value, or one that is not UTF-8, is an error naming the
     /// variable ([`ConfigError::env_var`]).
     pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_lookup(|var| std::env::var_os(var))
+        Self::from_lookup(std::env::var_os)
     }
 
     /// [`AllocatorConfig::from_env`] over `lookup` instead of the process

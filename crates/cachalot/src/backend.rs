@@ -174,7 +174,7 @@ impl MockSettings {
     /// or not UTF-8 is [`Error::InvalidEnv`] naming the variable, the value
     /// and the range.
     pub fn from_env() -> Result<Self, Error> {
-        Self::from_lookup(|var| std::env::var_os(var))
+        Self::from_lookup(std::env::var_os)
     }
 
     /// [`MockSettings::from_env`] over `lookup` instead of the process environment.
