@@ -14,7 +14,8 @@
  *    thread's last error; a failing call sets it (code + message).
  *  - No panic crosses this boundary (CACHALOT_ERR_PANIC reports one).
  *  - A negative or out-of-range device, or a pointer this allocator did not
- *    hand out, is an error code, never a crash.
+ *    hand out (or one inside a live allocation), is an error code, never a
+ *    crash. Error messages echo at most 64 characters of any input.
  *  - Streams are raw cudaStream_t values; 0 is the legacy default stream
  *    (PyTorch's default stream). A CUDA stream passed here must stay alive
  *    while memory allocated or recorded on it is live or cached (PyTorch
@@ -47,6 +48,7 @@ typedef struct CUstream_st *cachalot_stream_t;
 #define CACHALOT_ERR_BACKEND 8          /* a driver call failed */
 #define CACHALOT_ERR_NO_DEVICE 9        /* no backend or device */
 #define CACHALOT_ERR_PANIC 10           /* internal panic caught (a bug) */
+#define CACHALOT_ERR_INTERIOR_POINTER 11 /* inside a live allocation, not its start */
 
 /* Chooses the backend: "cuda", "mock" ("hip", "level-zero" when compiled
  * in); NULL or "" detects it (CACHALOT_BACKEND, else CUDA when a GPU is
@@ -65,8 +67,8 @@ void *cachalot_malloc(ssize_t size, int device, cachalot_stream_t stream);
 
 /* PyTorch's free_fn. Frees ptr from cachalot_malloc on device; size and
  * stream are those of the allocation (ignored: cachalot knows both). NULL is
- * a no-op. Errors (unknown pointer, double free, bad device) set the last
- * error and are printed to stderr. */
+ * a no-op. Errors (unknown pointer, double free, interior pointer, bad
+ * device) set the last error and are printed to stderr. */
 void cachalot_free(void *ptr, ssize_t size, int device, cachalot_stream_t stream);
 
 /* Marks the allocation ptr on device as used on stream too (PyTorch's
@@ -92,7 +94,8 @@ void cachalot_string_free(char *s);
 /* Applies a configuration string with PyTorch's grammar
  * ("max_split_size_mb:256,garbage_collection_threshold:0.8", ...) to every
  * device, now and when first used. On error (CACHALOT_ERR_CONFIG, naming the
- * key) nothing changes. */
+ * key, the value and the allowed range; also a string over 64 KiB) nothing
+ * changes. Memory stays flat however often it is called. */
 int cachalot_set_config(const char *config);
 
 /* Creates a stream on device owned by the allocator (lives as long as the

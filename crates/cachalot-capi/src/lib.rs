@@ -29,8 +29,12 @@
 //! * Device indices are the backend's ordinals (CUDA: as `CUDA_VISIBLE_DEVICES`
 //!   leaves them, the same as PyTorch's). A negative or out-of-range index is
 //!   [`CACHALOT_ERR_INVALID_ARGUMENT`], never a crash; so is a pointer that
-//!   this allocator did not hand out ([`CACHALOT_ERR_INVALID_POINTER`]) or one
-//!   already freed ([`CACHALOT_ERR_DOUBLE_FREE`]).
+//!   this allocator did not hand out ([`CACHALOT_ERR_INVALID_POINTER`]), one
+//!   already freed ([`CACHALOT_ERR_DOUBLE_FREE`]) and one inside a live
+//!   allocation ([`CACHALOT_ERR_INTERIOR_POINTER`]).
+//! * Strings are read up to their NUL; a configuration string over 64 KiB
+//!   is [`CACHALOT_ERR_CONFIG`], and error messages echo at most 64
+//!   characters of any input.
 //!
 //! # Streams
 //!
@@ -54,6 +58,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use cachalot::core::config::ConfigReplay;
 use cachalot::{AllocatorConfig, BackendKind, DeviceAllocator, DeviceStats, Error, Stream};
 use parking_lot::Mutex;
 
@@ -82,6 +87,9 @@ pub const CACHALOT_ERR_BACKEND: c_int = 8;
 pub const CACHALOT_ERR_NO_DEVICE: c_int = 9;
 /// A panic inside cachalot was caught at the C boundary (a bug).
 pub const CACHALOT_ERR_PANIC: c_int = 10;
+/// The pointer lies inside a live allocation but is not its start (`free`
+/// and `record_stream` take the address `cachalot_malloc` returned).
+pub const CACHALOT_ERR_INTERIOR_POINTER: c_int = 11;
 
 /// A failed call: its code and message.
 #[derive(Debug)]
@@ -106,11 +114,12 @@ impl From<Error> for Failure {
             Error::NeverFits { .. } => CACHALOT_ERR_NEVER_FITS,
             Error::UnknownPointer(_) => CACHALOT_ERR_INVALID_POINTER,
             Error::DoubleFree(_) | Error::NotLive(_) => CACHALOT_ERR_DOUBLE_FREE,
+            Error::InteriorPointer { .. } => CACHALOT_ERR_INTERIOR_POINTER,
             Error::Config(_) => CACHALOT_ERR_CONFIG,
             Error::Capture(_) => CACHALOT_ERR_CAPTURE,
             Error::Backend(_) | Error::ReleaseFailed { .. } => CACHALOT_ERR_BACKEND,
             Error::NoDevice(_) => CACHALOT_ERR_NO_DEVICE,
-            Error::InvalidArgument(_) => CACHALOT_ERR_INVALID_ARGUMENT,
+            Error::InvalidArgument(_) | Error::InvalidEnv { .. } => CACHALOT_ERR_INVALID_ARGUMENT,
         };
         Self {
             code,
@@ -216,9 +225,22 @@ fn last_code_or_ok() -> c_int {
 /// The capi's view of the global allocators, one slot per device, filled on
 /// first use (after the configurations of [`cachalot_set_config`] are applied).
 static DEVICES: OnceLock<Vec<OnceLock<Arc<DeviceAllocator>>>> = OnceLock::new();
-/// Configuration strings set with [`cachalot_set_config`], in order; also
-/// the lock under which device slots are filled.
-static CONFIGS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+/// The net effect of the configuration strings set with
+/// [`cachalot_set_config`] (`None` before the first), in bounded space: at
+/// most two strings to replay on a device's allocator when it is created,
+/// however many calls there were. Also the lock under which device slots
+/// are filled.
+static CONFIGS: Mutex<Option<ConfigReplay>> = Mutex::new(None);
+
+/// Bytes of configuration text the C ABI holds for devices not yet in use
+/// (an observable of [`cachalot_set_config`]'s storage: bounded, whatever
+/// the number of calls).
+pub fn stored_config_bytes() -> usize {
+    CONFIGS
+        .lock()
+        .as_ref()
+        .map_or(0, ConfigReplay::stored_bytes)
+}
 
 fn device_table() -> Result<&'static [OnceLock<Arc<DeviceAllocator>>], Failure> {
     if let Some(t) = DEVICES.get() {
@@ -259,8 +281,8 @@ fn device_alloc(device: c_int) -> Result<&'static DeviceAllocator, Failure> {
         return Ok(a);
     }
     let a = cachalot::allocator(Some(idx))?;
-    for c in configs.iter() {
-        a.set_config(c)?;
+    for c in configs.iter().flat_map(ConfigReplay::strings) {
+        a.set_config(&c)?;
     }
     Ok(slot.get_or_init(|| a))
 }
@@ -515,8 +537,12 @@ pub unsafe extern "C" fn cachalot_string_free(s: *mut c_char) {
 /// cachalot's keys) to every device: those already in use now, the others
 /// when first used (PyTorch's `torch.cuda.memory._set_allocator_settings`).
 /// A bad key or value is [`CACHALOT_ERR_CONFIG`] naming it, and nothing
-/// changes. The configuration of `CACHALOT_ALLOC_CONF` (then
-/// `PYTORCH_CUDA_ALLOC_CONF`, ...) applies first.
+/// changes; so is a string over 64 KiB. The configuration of
+/// `CACHALOT_ALLOC_CONF` (then `PYTORCH_CUDA_ALLOC_CONF`, ...) applies
+/// first, and each string is checked against the configuration the strings
+/// before it produce. Memory stays flat however often it is called: what
+/// devices not yet in use will replay is the net effect of the strings
+/// ([`ConfigReplay`], see [`stored_config_bytes`]), not each string.
 ///
 /// # Safety
 /// `config` is NULL or a NUL-terminated string.
@@ -525,12 +551,16 @@ pub unsafe extern "C" fn cachalot_set_config(config: *const c_char) -> c_int {
     status("cachalot_set_config", || {
         // SAFETY: the caller guarantees NULL or a NUL-terminated string.
         let s = unsafe { c_str(config, "config") }?;
-        AllocatorConfig::parse(s)?;
         let mut configs = CONFIGS.lock();
+        let mut next = match configs.as_ref() {
+            Some(r) => r.clone(),
+            None => ConfigReplay::new(AllocatorConfig::from_env()?),
+        };
+        next.push(s)?;
         for a in cachalot::initialized_allocators() {
             a.set_config(s)?;
         }
-        configs.push(s.to_string());
+        *configs = Some(next);
         Ok(())
     })
 }

@@ -246,3 +246,106 @@ fn threads_have_their_own_last_error() {
     .unwrap();
     assert_eq!(cachalot_last_error_code(), CACHALOT_ERR_INVALID_POINTER);
 }
+
+#[test]
+fn set_config_storage_stays_flat() {
+    let _g = setup();
+    cachalot_free(cachalot_malloc(1, 0, null_mut()), 1, 0, null_mut());
+    let mut at_1k = 0;
+    for i in 0..100_000u32 {
+        // only keys every parse resets: the other tests see no trace of it
+        let s = std::ffi::CString::new(format!(
+            "max_split_size_mb:{},garbage_collection_threshold:0.{}",
+            20 + i % 1000,
+            i + 1
+        ))
+        .unwrap();
+        // SAFETY: a NUL-terminated string.
+        let rc = unsafe { cachalot_set_config(s.as_ptr()) };
+        assert_eq!(rc, CACHALOT_OK, "{:?}", last_error());
+        if i == 999 {
+            at_1k = stored_config_bytes();
+        }
+    }
+    let at_100k = stored_config_bytes();
+    assert!(
+        at_100k <= at_1k + 8,
+        "{at_1k} B after 1k calls, {at_100k} B after 100k"
+    );
+    assert!(at_100k < 256, "{at_100k} B stored");
+    let c = cachalot::allocator(Some(0)).unwrap().config();
+    assert_eq!(c.max_split_size, (20 + 99_999 % 1000) << 20);
+    assert_eq!(c.garbage_collection_threshold, 0.1);
+    // SAFETY: a NUL-terminated literal.
+    assert_eq!(unsafe { cachalot_set_config(c"".as_ptr()) }, CACHALOT_OK);
+    assert_eq!(stored_config_bytes(), 0, "only the empty last string");
+}
+
+#[test]
+fn hostile_config_strings() {
+    let _g = setup();
+    cachalot_free(cachalot_malloc(1, 0, null_mut()), 1, 0, null_mut());
+    let before = stored_config_bytes();
+    let split = || {
+        cachalot::allocator(Some(0))
+            .unwrap()
+            .config()
+            .max_split_size
+    };
+    let was = split();
+    for (s, needle) in [
+        (
+            "roundup_power2_divisions:9223372036854775808".to_string(),
+            "roundup_power2_divisions",
+        ),
+        (
+            "large_segment_size_mb:18446744073709551615".to_string(),
+            "1099511627776",
+        ),
+        (":".to_string(), "expected a key, found ':' at offset 0"),
+        (",,".to_string(), "expected a key, found ','"),
+        ("x".repeat(100 << 20), "at most 65536"),
+    ] {
+        let c = std::ffi::CString::new(s.clone()).unwrap();
+        // SAFETY: a NUL-terminated string.
+        let rc = unsafe { cachalot_set_config(c.as_ptr()) };
+        assert_eq!(rc, CACHALOT_ERR_CONFIG);
+        let msg = last_error().unwrap();
+        assert!(msg.contains(needle), "{msg}");
+        assert!(msg.len() < 400, "{} bytes of message", msg.len());
+        assert_eq!(split(), was, "nothing changed");
+        assert_eq!(stored_config_bytes(), before, "nothing stored");
+    }
+    // not UTF-8
+    // SAFETY: a NUL-terminated byte string.
+    let rc = unsafe { cachalot_set_config(c"max_split_size_mb:\xff".as_ptr()) };
+    assert_eq!(rc, CACHALOT_ERR_INVALID_ARGUMENT);
+    assert!(last_error().unwrap().contains("not UTF-8"));
+    // a backend name is echoed truncated
+    let long = std::ffi::CString::new("q".repeat(1 << 20)).unwrap();
+    // SAFETY: a NUL-terminated string.
+    let rc = unsafe { cachalot_init(long.as_ptr()) };
+    assert_ne!(rc, CACHALOT_OK);
+    assert!(last_error().unwrap().len() < 400);
+}
+
+#[test]
+fn interior_pointers_have_their_own_code() {
+    let _g = setup();
+    let p = cachalot_malloc(4096, 0, null_mut());
+    assert!(!p.is_null());
+    let inner = p.wrapping_byte_add(100);
+    cachalot_free(inner, 4096, 0, null_mut());
+    assert_eq!(cachalot_last_error_code(), CACHALOT_ERR_INTERIOR_POINTER);
+    let msg = last_error().unwrap();
+    assert!(msg.contains("inside the live allocation"), "{msg}");
+    assert_eq!(
+        cachalot_record_stream(inner, 0, null_mut()),
+        CACHALOT_ERR_INTERIOR_POINTER
+    );
+    // still live: frees normally, then it is a double free
+    cachalot_free(p, 4096, 0, null_mut());
+    assert_eq!(cachalot_last_error_code(), CACHALOT_OK);
+    cachalot_free(p, 4096, 0, null_mut());
+    assert_eq!(cachalot_last_error_code(), CACHALOT_ERR_DOUBLE_FREE);
+}

@@ -7,9 +7,58 @@
 //! `roundup_power2_divisions`, `garbage_collection_threshold` and
 //! `max_non_split_rounding` to their defaults; every other key keeps its
 //! previous value unless named (PyTorch 2.11's runtime re-parse semantics).
+//!
+//! # Bounds
+//!
+//! The input is hostile until checked: a string is at most
+//! [`MAX_CONFIG_LEN`] bytes, every number is range-checked (a typed
+//! [`ConfigErrorKind::OutOfRange`] naming the key, the value and the allowed
+//! range), and an error echoes at most [`ECHO_LIMIT`] characters of any
+//! input. The ranges:
+//!
+//! | key | allowed |
+//! |---|---|
+//! | `large_segment_size_mb` | [11, [`MAX_SIZE_MB`]] |
+//! | `max_split_size_mb`, `max_non_split_rounding_mb` | [`large_segment_size_mb`, [`MAX_SIZE_MB`]] |
+//! | `garbage_collection_threshold` | (0.0, 1.0) |
+//! | `per_process_memory_fraction` | [0.0, 1.0] |
+//! | `roundup_power2_divisions` (each value) | 0 or a power of two ≤ [`MAX_ROUNDUP_DIVISIONS`] |
+//! | `roundup_power2_divisions` (each list boundary, MiB) | a power of two ≤ [`MAX_SIZE_MB`], or `>` |
+//! | `pinned_num_register_threads` | a power of two ≤ 128 |
+//! | `pinned_reserve_segment_size_mb` | [1, [`MAX_SIZE_MB`]] |
 #![forbid(unsafe_code)]
 
-use crate::error::ConfigError;
+use std::env::VarError;
+use std::ffi::OsString;
+
+use crate::error::{ConfigError, ConfigErrorKind};
+
+/// Longest configuration string accepted, in bytes (64 KiB; every valid
+/// configuration is far shorter). Longer is [`ConfigErrorKind::TooLong`].
+pub const MAX_CONFIG_LEN: usize = 64 * 1024;
+/// Characters of user input an error message echoes; longer input is cut
+/// there and marked with `…`.
+pub const ECHO_LIMIT: usize = 64;
+/// Largest value of every `*_mb` size key and of a
+/// `roundup_power2_divisions` boundary: 2^40 MiB = 2^60 bytes, the request
+/// size from which the engine refuses every allocation (`MAX_REQUEST`), so
+/// that every size derived from the configuration fits in a `u64` with room
+/// to add a request to it.
+pub const MAX_SIZE_MB: u64 = 1 << 40;
+/// Largest `roundup_power2_divisions` value: 2^20. PyTorch requires a power
+/// of two (or 0) and sets no maximum; a value `d` applies only to requests
+/// over 512·`d` bytes, so with 2^20 divisions only requests over 512 MiB are
+/// rounded: larger values are typos, not tuning.
+pub const MAX_ROUNDUP_DIVISIONS: u64 = 1 << 20;
+
+/// `s`, cut after [`ECHO_LIMIT`] characters (marked `…`): how an error
+/// message echoes user input.
+pub fn echo(s: &str) -> String {
+    match s.char_indices().nth(ECHO_LIMIT) {
+        None => s.to_string(),
+        Some((i, _)) => format!("{}…", &s[..i]),
+    }
+}
 
 /// Environment variables read, in order; the first one that is set wins.
 pub const CONFIG_ENV_VARS: [&str; 4] = [
@@ -116,7 +165,9 @@ impl Default for AllocatorConfig {
     }
 }
 
-#[derive(Debug, Clone, PartialEq)]
+// ----- tokens and syntax -----
+
+#[derive(Debug, Clone, Copy, PartialEq)]
 enum Tok<'a> {
     Word(&'a str),
     Colon,
@@ -125,71 +176,363 @@ enum Tok<'a> {
     Close,
 }
 
-fn tokenize<'a>(s: &'a str) -> Vec<Tok<'a>> {
+/// A token and its byte offset in the string.
+#[derive(Debug, Clone, Copy)]
+struct Token<'a> {
+    tok: Tok<'a>,
+    at: usize,
+}
+
+fn tokenize<'a>(s: &'a str) -> Vec<Token<'a>> {
     let mut out = Vec::new();
     let mut start: Option<usize> = None;
-    let flush = |start: &mut Option<usize>, end: usize, out: &mut Vec<Tok<'a>>| {
+    let flush = |start: &mut Option<usize>, end: usize, out: &mut Vec<Token<'a>>| {
         if let Some(b) = start.take() {
-            let w = s[b..end].trim();
-            if !w.is_empty() {
-                out.push(Tok::Word(w));
-            }
+            out.push(Token {
+                tok: Tok::Word(&s[b..end]),
+                at: b,
+            });
         }
     };
     for (i, c) in s.char_indices() {
         let t = match c {
-            ',' => Some(Tok::Comma),
-            ':' => Some(Tok::Colon),
-            '[' => Some(Tok::Open),
-            ']' => Some(Tok::Close),
+            ',' => Tok::Comma,
+            ':' => Tok::Colon,
+            '[' => Tok::Open,
+            ']' => Tok::Close,
             c if c.is_whitespace() => {
                 flush(&mut start, i, &mut out);
                 continue;
             }
-            _ => None,
+            _ => {
+                start.get_or_insert(i);
+                continue;
+            }
         };
-        match t {
-            Some(t) => {
-                flush(&mut start, i, &mut out);
-                out.push(t);
-            }
-            None => {
-                if start.is_none() {
-                    start = Some(i);
-                }
-            }
-        }
+        flush(&mut start, i, &mut out);
+        out.push(Token { tok: t, at: i });
     }
     flush(&mut start, s.len(), &mut out);
     out
+}
+
+/// A token in user terms, for "found ..." messages.
+fn describe(t: Option<Tok<'_>>) -> String {
+    match t {
+        None => "the end of the string".to_string(),
+        Some(Tok::Word(w)) => format!("'{}'", echo(w)),
+        Some(Tok::Colon) => "':'".to_string(),
+        Some(Tok::Comma) => "','".to_string(),
+        Some(Tok::Open) => "'['".to_string(),
+        Some(Tok::Close) => "']'".to_string(),
+    }
+}
+
+/// The value of one `key:value` entry.
+#[derive(Debug, Clone, PartialEq)]
+enum Value<'a> {
+    One(&'a str),
+    /// `[boundary:value, ...]`.
+    List(Vec<(&'a str, &'a str)>),
+}
+
+/// One `key:value` entry of a config string.
+#[derive(Debug, Clone, PartialEq)]
+struct Entry<'a> {
+    key: &'a str,
+    value: Value<'a>,
+    /// The value as written (a list with its brackets).
+    raw: &'a str,
+}
+
+struct Parser<'a> {
+    s: &'a str,
+    toks: Vec<Token<'a>>,
+    pos: usize,
+}
+
+impl<'a> Parser<'a> {
+    fn peek(&self) -> Option<Tok<'a>> {
+        self.toks.get(self.pos).map(|t| t.tok)
+    }
+
+    /// Offset of the current token (the string's length at its end).
+    fn offset(&self) -> usize {
+        self.toks.get(self.pos).map_or(self.s.len(), |t| t.at)
+    }
+
+    fn bump(&mut self) {
+        self.pos += 1;
+    }
+
+    /// "expected `what`, found <the current token> at offset N".
+    fn expected(&self, key: &str, what: &str) -> ConfigError {
+        let offset = self.offset();
+        ConfigError::new(
+            echo(key),
+            ConfigErrorKind::Syntax { offset },
+            format!(
+                "expected {what}, found {} at offset {offset}",
+                describe(self.peek())
+            ),
+        )
+    }
+
+    fn entries(mut self) -> Result<Vec<Entry<'a>>, ConfigError> {
+        let mut out = Vec::new();
+        while self.peek().is_some() {
+            let Some(Tok::Word(key)) = self.peek() else {
+                return Err(self.expected("", "a key"));
+            };
+            self.bump();
+            if self.peek() != Some(Tok::Colon) {
+                return Err(self.expected(key, "':' after the key"));
+            }
+            self.bump();
+            let start = self.offset();
+            let value = match self.peek() {
+                Some(Tok::Open) => {
+                    self.bump();
+                    Value::List(self.list(key)?)
+                }
+                Some(Tok::Word(v)) => {
+                    self.bump();
+                    Value::One(v)
+                }
+                _ => return Err(self.expected(key, "a value")),
+            };
+            let end = match value {
+                Value::One(v) => start + v.len(),
+                Value::List(_) => self.toks[self.pos - 1].at + 1,
+            };
+            out.push(Entry {
+                key,
+                value,
+                raw: &self.s[start..end],
+            });
+            match self.peek() {
+                None => {}
+                Some(Tok::Comma) => self.bump(),
+                Some(_) => return Err(self.expected(key, "',' between options")),
+            }
+        }
+        Ok(out)
+    }
+
+    /// The items of a list, after its `[`, through its `]`.
+    fn list(&mut self, key: &str) -> Result<Vec<(&'a str, &'a str)>, ConfigError> {
+        let mut items = Vec::new();
+        loop {
+            match self.peek() {
+                Some(Tok::Close) => {
+                    self.bump();
+                    return Ok(items);
+                }
+                Some(Tok::Word(b)) => {
+                    self.bump();
+                    if self.peek() != Some(Tok::Colon) {
+                        return Err(self.expected(key, "':' after the list boundary"));
+                    }
+                    self.bump();
+                    let Some(Tok::Word(v)) = self.peek() else {
+                        return Err(self.expected(key, "a value in the list"));
+                    };
+                    self.bump();
+                    items.push((b, v));
+                    match self.peek() {
+                        Some(Tok::Comma) => self.bump(),
+                        Some(Tok::Close) => {}
+                        _ => return Err(self.expected(key, "',' or ']' in the list")),
+                    }
+                }
+                _ => return Err(self.expected(key, "'boundary:value' or ']' in the list")),
+            }
+        }
+    }
+}
+
+/// The entries of `s`, syntax checked (values are not).
+fn parse_entries(s: &str) -> Result<Vec<Entry<'_>>, ConfigError> {
+    if s.len() > MAX_CONFIG_LEN {
+        return Err(ConfigError::new(
+            "",
+            ConfigErrorKind::TooLong {
+                len: s.len(),
+                max: MAX_CONFIG_LEN,
+            },
+            format!(
+                "the config string is {} bytes long, at most {MAX_CONFIG_LEN} are allowed \
+                 (it starts '{}')",
+                s.len(),
+                echo(s)
+            ),
+        ));
+    }
+    Parser {
+        s,
+        toks: tokenize(s),
+        pos: 0,
+    }
+    .entries()
+}
+
+// ----- values -----
+
+fn invalid(key: &str, value: &str, reason: String) -> ConfigError {
+    ConfigError::new(
+        key,
+        ConfigErrorKind::InvalidValue { value: echo(value) },
+        reason,
+    )
+}
+
+/// A value outside `allowed`; the reason is `what` and the range.
+fn out_of_range(key: &str, value: &str, allowed: &str, what: String) -> ConfigError {
+    ConfigError::new(
+        key,
+        ConfigErrorKind::OutOfRange {
+            value: echo(value),
+            allowed: allowed.to_string(),
+        },
+        format!("{what} (allowed: {allowed})"),
+    )
 }
 
 fn parse_bool(key: &str, v: &str) -> Result<bool, ConfigError> {
     match v {
         "True" => Ok(true),
         "False" => Ok(false),
-        _ => Err(ConfigError::new(
+        _ => Err(invalid(
             key,
-            format!("Expected 'True' or 'False', got '{v}'"),
+            v,
+            format!("Expected 'True' or 'False', got '{}'", echo(v)),
         )),
     }
 }
 
-fn parse_u64(key: &str, v: &str) -> Result<u64, ConfigError> {
-    v.parse::<u64>()
-        .map_err(|_| ConfigError::new(key, format!("expected a non-negative integer, got '{v}'")))
+/// An integer in `[min, max]`. Digits that do not fit a `u64`, and a
+/// negative integer, are out of range; anything else not an integer is an
+/// invalid value.
+fn int_in(key: &str, v: &str, min: u64, max: u64, allowed: &str) -> Result<u64, ConfigError> {
+    let digits = v.strip_prefix(['-', '+']).unwrap_or(v);
+    let n = match v.parse::<u64>() {
+        Ok(n) => n,
+        Err(_) if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) => {
+            return Err(out_of_range(
+                key,
+                v,
+                allowed,
+                format!("{} is out of range", echo(v)),
+            ));
+        }
+        Err(_) => {
+            return Err(invalid(
+                key,
+                v,
+                format!("expected a non-negative integer, got '{}'", echo(v)),
+            ));
+        }
+    };
+    if n < min {
+        return Err(out_of_range(
+            key,
+            v,
+            allowed,
+            format!("{n} is too small, must be >= {min}"),
+        ));
+    }
+    if n > max {
+        return Err(out_of_range(
+            key,
+            v,
+            allowed,
+            format!("{n} is too large, must be <= {max}"),
+        ));
+    }
+    Ok(n)
 }
 
-fn parse_f64(key: &str, v: &str) -> Result<f64, ConfigError> {
-    v.parse::<f64>()
-        .ok()
-        .filter(|x| x.is_finite())
-        .ok_or_else(|| ConfigError::new(key, format!("expected a number, got '{v}'")))
+/// A finite number accepted by `ok`.
+fn float_in(
+    key: &str,
+    v: &str,
+    ok: impl Fn(f64) -> bool,
+    allowed: &str,
+) -> Result<f64, ConfigError> {
+    let x = v
+        .parse::<f64>()
+        .map_err(|_| invalid(key, v, format!("expected a number, got '{}'", echo(v))))?;
+    if !x.is_finite() || !ok(x) {
+        return Err(out_of_range(
+            key,
+            v,
+            allowed,
+            format!("{} is out of range", echo(v)),
+        ));
+    }
+    Ok(x)
 }
 
-fn mib(key: &str, v: u64) -> Result<u64, ConfigError> {
-    v.checked_mul(MIB)
-        .ok_or_else(|| ConfigError::new(key, format!("{v} MiB is too large")))
+/// A size in MiB in `[min_mb, MAX_SIZE_MB]`, as bytes.
+fn size_mb(key: &str, v: &str, min_mb: u64) -> Result<u64, ConfigError> {
+    let allowed = format!("[{min_mb}, {MAX_SIZE_MB}] MiB");
+    Ok(int_in(key, v, min_mb, MAX_SIZE_MB, &allowed)? * MIB)
+}
+
+/// A `roundup_power2_divisions` value: 0 or a power of two ≤ [`MAX_ROUNDUP_DIVISIONS`].
+fn divisions(key: &str, v: &str) -> Result<u64, ConfigError> {
+    let allowed = format!("0 or a power of two <= {MAX_ROUNDUP_DIVISIONS}");
+    let n = int_in(key, v, 0, MAX_ROUNDUP_DIVISIONS, &allowed)?;
+    if n != 0 && !n.is_power_of_two() {
+        return Err(out_of_range(
+            key,
+            v,
+            &allowed,
+            format!("For roundups, the divisions has to be power of 2, got {n}"),
+        ));
+    }
+    Ok(n)
+}
+
+/// A `roundup_power2_divisions` list boundary (MiB): a power of two ≤ [`MAX_SIZE_MB`].
+fn boundary(key: &str, v: &str) -> Result<u64, ConfigError> {
+    let allowed = format!("a power of two <= {MAX_SIZE_MB} (MiB), or '>'");
+    let n = int_in(key, v, 1, MAX_SIZE_MB, &allowed)?;
+    if !n.is_power_of_two() {
+        return Err(out_of_range(
+            key,
+            v,
+            &allowed,
+            format!("For roundups, the intervals have to be power of 2, got {n}"),
+        ));
+    }
+    Ok(n)
+}
+
+/// The keys a parse does not reset, each with the field it sets (aliases
+/// share a field); `None` for the keys every parse resets, and for unknown
+/// keys.
+fn sticky_field(key: &str) -> Option<&'static str> {
+    Some(match key {
+        "backend" => "backend",
+        "large_segment_size_mb" => "large_segment_size",
+        "expandable_segments" => "expandable_segments",
+        "release_lock_on_cudamalloc"
+        | "release_lock_on_hipmalloc"
+        | "release_lock_on_device_malloc" => "release_lock_on_device_malloc",
+        "graph_capture_record_stream_reuse" => "graph_capture_record_stream_reuse",
+        "per_process_memory_fraction" => "per_process_memory_fraction",
+        "throw_on_cudamalloc_oom" | "throw_on_device_malloc_oom" => "throw_on_device_malloc_oom",
+        "idle_stream_reuse" => "idle_stream_reuse",
+        "placement" => "placement",
+        "pinned_use_cuda_host_register" | "pinned_use_hip_host_register" => {
+            "pinned_use_host_register"
+        }
+        "pinned_num_register_threads" => "pinned_num_register_threads",
+        "pinned_use_background_threads" => "pinned_use_background_threads",
+        "pinned_reserve_segment_size_mb" => "pinned_reserve_segment_size_mb",
+        _ => return None,
+    })
 }
 
 impl AllocatorConfig {
@@ -200,15 +543,39 @@ impl AllocatorConfig {
         Ok(c)
     }
 
-    /// Reads the first set variable of [`CONFIG_ENV_VARS`]; defaults if none is set.
+    /// Reads the first set variable of [`CONFIG_ENV_VARS`]; defaults if none
+    /// is set. A bad value, or one that is not UTF-8, is an error naming the
+    /// variable ([`ConfigError::env_var`]).
     pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(std::env::var_os)
+    }
+
+    /// [`AllocatorConfig::from_env`] over `lookup` instead of the process
+    /// environment.
+    pub(crate) fn from_lookup(
+        mut lookup: impl FnMut(&'static str) -> Option<OsString>,
+    ) -> Result<Self, ConfigError> {
         for var in CONFIG_ENV_VARS {
-            if let Ok(v) = std::env::var(var) {
-                return Self::parse(&v).map_err(|mut e| {
-                    e.reason = format!("{} (from {var})", e.reason);
-                    e
-                });
-            }
+            let Some(raw) = lookup(var) else { continue };
+            let named = |mut e: ConfigError| {
+                e.env_var = Some(var);
+                e
+            };
+            let v = match raw.into_string().map_err(VarError::NotUnicode) {
+                Ok(v) => v,
+                Err(VarError::NotUnicode(raw)) => {
+                    return Err(named(ConfigError::new(
+                        "",
+                        ConfigErrorKind::NotUnicode,
+                        format!(
+                            "the value is not valid UTF-8: '{}'",
+                            echo(&raw.to_string_lossy())
+                        ),
+                    )));
+                }
+                Err(VarError::NotPresent) => continue,
+            };
+            return Self::parse(&v).map_err(named);
         }
         Ok(Self::default())
     }
@@ -216,75 +583,16 @@ impl AllocatorConfig {
     /// Re-parses `s` on top of this config, as PyTorch's runtime
     /// `_accelerator_setAllocatorSettings`. On error `self` is unchanged.
     pub fn apply(&mut self, s: &str) -> Result<(), ConfigError> {
+        let entries = parse_entries(s)?;
         let mut c = self.clone();
         c.max_split_size = u64::MAX;
         c.roundup_power2_divisions = [0; ROUNDUP_INTERVALS];
         c.garbage_collection_threshold = 0.0;
         c.max_non_split_rounding_size = c.large_segment_size;
-        let toks = tokenize(s);
-        let mut i = 0;
-        while i < toks.len() {
-            let key = match toks[i] {
-                Tok::Word(w) => w,
-                ref t => {
-                    return Err(ConfigError::new(
-                        format!("{t:?}"),
-                        "expected a key".to_string(),
-                    ));
-                }
-            };
-            if toks.get(i + 1) != Some(&Tok::Colon) {
-                return Err(ConfigError::new(key, "expected ':' after the key"));
-            }
-            i += 2;
-            if toks.get(i) == Some(&Tok::Open) {
-                // list value
-                let mut j = i + 1;
-                let mut items = Vec::new();
-                loop {
-                    match toks.get(j) {
-                        Some(Tok::Close) => break,
-                        Some(Tok::Word(b)) => {
-                            if toks.get(j + 1) != Some(&Tok::Colon) {
-                                return Err(ConfigError::new(
-                                    key,
-                                    "expected 'boundary:value' in list",
-                                ));
-                            }
-                            let v = match toks.get(j + 2) {
-                                Some(Tok::Word(v)) => *v,
-                                _ => return Err(ConfigError::new(key, "missing value in list")),
-                            };
-                            items.push((*b, v));
-                            j += 3;
-                            match toks.get(j) {
-                                Some(Tok::Comma) => j += 1,
-                                Some(Tok::Close) => {}
-                                _ => {
-                                    return Err(ConfigError::new(
-                                        key,
-                                        "expected ',' or ']' in list",
-                                    ));
-                                }
-                            }
-                        }
-                        _ => return Err(ConfigError::new(key, "unterminated list")),
-                    }
-                }
-                c.set_list(key, &items)?;
-                i = j + 1;
-            } else {
-                let v = match toks.get(i) {
-                    Some(Tok::Word(v)) => *v,
-                    _ => return Err(ConfigError::new(key, "missing value")),
-                };
-                c.set(key, v)?;
-                i += 1;
-            }
-            match toks.get(i) {
-                None => {}
-                Some(Tok::Comma) => i += 1,
-                Some(_) => return Err(ConfigError::new(key, "expected ',' between options")),
+        for e in &entries {
+            match &e.value {
+                Value::One(v) => c.set(e.key, v)?,
+                Value::List(items) => c.set_list(e.key, e.raw, items)?,
             }
         }
         c.last_config_string = s.to_string();
@@ -292,10 +600,15 @@ impl AllocatorConfig {
         Ok(())
     }
 
-    fn set_list(&mut self, key: &str, items: &[(&str, &str)]) -> Result<(), ConfigError> {
+    fn set_list(
+        &mut self,
+        key: &str,
+        raw: &str,
+        items: &[(&str, &str)],
+    ) -> Result<(), ConfigError> {
         if key != "roundup_power2_divisions" {
             if Self::is_known(key) {
-                return Err(ConfigError::new(key, "does not take a list value"));
+                return Err(invalid(key, raw, "does not take a list value".to_string()));
             }
             return Err(unknown(key));
         }
@@ -303,26 +616,14 @@ impl AllocatorConfig {
         let mut first = true;
         let mut last_index = 0usize;
         for (b, v) in items {
-            let val = parse_u64(key, v)?;
-            if val != 0 && !val.is_power_of_two() {
-                return Err(ConfigError::new(
-                    key,
-                    format!("For roundups, the divisions has to be power of 2, got {val}"),
-                ));
-            }
+            let val = divisions(key, v)?;
             if *b == ">" {
                 for e in table.iter_mut().skip(last_index + 1) {
                     *e = val;
                 }
                 continue;
             }
-            let boundary = parse_u64(key, b)?;
-            if !boundary.is_power_of_two() {
-                return Err(ConfigError::new(
-                    key,
-                    format!("For roundups, the intervals have to be power of 2, got {boundary}"),
-                ));
-            }
+            let boundary = boundary(key, b)?;
             let index = (boundary.trailing_zeros() as usize).min(ROUNDUP_INTERVALS - 1);
             if first {
                 for e in table.iter_mut().take(index) {
@@ -338,30 +639,14 @@ impl AllocatorConfig {
     }
 
     fn is_known(key: &str) -> bool {
-        matches!(
-            key,
-            "backend"
-                | "large_segment_size_mb"
-                | "max_split_size_mb"
-                | "max_non_split_rounding_mb"
-                | "garbage_collection_threshold"
-                | "roundup_power2_divisions"
-                | "expandable_segments"
-                | "release_lock_on_cudamalloc"
-                | "release_lock_on_hipmalloc"
-                | "release_lock_on_device_malloc"
-                | "graph_capture_record_stream_reuse"
-                | "per_process_memory_fraction"
-                | "throw_on_cudamalloc_oom"
-                | "throw_on_device_malloc_oom"
-                | "idle_stream_reuse"
-                | "placement"
-                | "pinned_use_cuda_host_register"
-                | "pinned_use_hip_host_register"
-                | "pinned_num_register_threads"
-                | "pinned_use_background_threads"
-                | "pinned_reserve_segment_size_mb"
-        )
+        sticky_field(key).is_some()
+            || matches!(
+                key,
+                "max_split_size_mb"
+                    | "max_non_split_rounding_mb"
+                    | "garbage_collection_threshold"
+                    | "roundup_power2_divisions"
+            )
     }
 
     fn set(&mut self, key: &str, v: &str) -> Result<(), ConfigError> {
@@ -371,70 +656,39 @@ impl AllocatorConfig {
                 "cudaMallocAsync" | "hipMallocAsync" => {
                     return Err(ConfigError::new(
                         key,
+                        ConfigErrorKind::Unsupported {
+                            value: v.to_string(),
+                        },
                         format!("'{v}' is not supported by cachalot (only 'native')"),
                     ));
                 }
                 _ => {
-                    return Err(ConfigError::new(
+                    return Err(invalid(
                         key,
-                        format!("Unknown allocator backend '{v}'"),
+                        v,
+                        format!("Unknown allocator backend '{}'", echo(v)),
                     ));
                 }
             },
             "large_segment_size_mb" => {
-                let n = parse_u64(key, v)?;
-                if n <= 10 {
-                    return Err(ConfigError::new(
-                        key,
-                        format!("{n} is too small, must be > 10 MB"),
-                    ));
-                }
-                self.large_segment_size = mib(key, n)?;
+                // PyTorch: "must be > 10 MB".
+                self.large_segment_size = size_mb(key, v, 11)?;
                 if self.max_non_split_rounding_size < self.large_segment_size {
                     self.max_non_split_rounding_size = self.large_segment_size;
                 }
             }
             "max_split_size_mb" => {
-                let n = parse_u64(key, v)?;
-                let min = self.large_segment_size / MIB;
-                if n < min {
-                    return Err(ConfigError::new(
-                        key,
-                        format!("{n} is too small, must be >= {min}"),
-                    ));
-                }
-                self.max_split_size = mib(key, n)?;
+                self.max_split_size = size_mb(key, v, self.large_segment_size / MIB)?;
             }
             "max_non_split_rounding_mb" => {
-                let n = parse_u64(key, v)?;
-                let min = self.large_segment_size / MIB;
-                if n < min {
-                    return Err(ConfigError::new(
-                        key,
-                        format!("{n} is too small, must be >= {min}"),
-                    ));
-                }
-                self.max_non_split_rounding_size = mib(key, n)?;
+                self.max_non_split_rounding_size = size_mb(key, v, self.large_segment_size / MIB)?;
             }
             "garbage_collection_threshold" => {
-                let x = parse_f64(key, v)?;
-                if !(x > 0.0 && x < 1.0) {
-                    return Err(ConfigError::new(
-                        key,
-                        format!("{v} is out of range, set it in (0.0, 1.0)"),
-                    ));
-                }
-                self.garbage_collection_threshold = x;
+                self.garbage_collection_threshold =
+                    float_in(key, v, |x| x > 0.0 && x < 1.0, "(0.0, 1.0)")?;
             }
             "roundup_power2_divisions" => {
-                let n = parse_u64(key, v)?;
-                if n != 0 && !n.is_power_of_two() {
-                    return Err(ConfigError::new(
-                        key,
-                        format!("For roundups, the divisions has to be power of 2, got {n}"),
-                    ));
-                }
-                self.roundup_power2_divisions = [n; ROUNDUP_INTERVALS];
+                self.roundup_power2_divisions = [divisions(key, v)?; ROUNDUP_INTERVALS];
             }
             "expandable_segments" => self.expandable_segments = parse_bool(key, v)?,
             "release_lock_on_cudamalloc"
@@ -448,24 +702,20 @@ impl AllocatorConfig {
                     "pytorch" => CaptureReuse::PyTorch,
                     "False" | "off" => CaptureReuse::Off,
                     _ => {
-                        return Err(ConfigError::new(
+                        return Err(invalid(
                             key,
+                            v,
                             format!(
-                                "Expected 'True', 'False', 'pytorch' or 'cross_stream', got '{v}'"
+                                "Expected 'True', 'False', 'pytorch' or 'cross_stream', got '{}'",
+                                echo(v)
                             ),
                         ));
                     }
                 }
             }
             "per_process_memory_fraction" => {
-                let x = parse_f64(key, v)?;
-                if !(0.0..=1.0).contains(&x) {
-                    return Err(ConfigError::new(
-                        key,
-                        format!("{v} is out of range, set it in [0.0, 1.0]"),
-                    ));
-                }
-                self.per_process_memory_fraction = x;
+                self.per_process_memory_fraction =
+                    float_in(key, v, |x| (0.0..=1.0).contains(&x), "[0.0, 1.0]")?;
             }
             "throw_on_cudamalloc_oom" | "throw_on_device_malloc_oom" => {
                 self.throw_on_device_malloc_oom = parse_bool(key, v)?
@@ -476,9 +726,10 @@ impl AllocatorConfig {
                     "steady" => Placement::Steady,
                     "pytorch" => Placement::PyTorch,
                     _ => {
-                        return Err(ConfigError::new(
+                        return Err(invalid(
                             key,
-                            format!("{v} is not a placement, use steady or pytorch"),
+                            v,
+                            format!("'{}' is not a placement, use steady or pytorch", echo(v)),
                         ));
                     }
                 }
@@ -487,11 +738,14 @@ impl AllocatorConfig {
                 self.pinned_use_host_register = parse_bool(key, v)?
             }
             "pinned_num_register_threads" => {
-                let n = parse_u64(key, v)?;
-                if !n.is_power_of_two() || n > 128 {
-                    return Err(ConfigError::new(
+                const ALLOWED: &str = "a power of two <= 128";
+                let n = int_in(key, v, 1, 128, ALLOWED)?;
+                if !n.is_power_of_two() {
+                    return Err(out_of_range(
                         key,
-                        format!("{n} must be a power of 2 and at most 128"),
+                        v,
+                        ALLOWED,
+                        format!("{n} is not a power of 2"),
                     ));
                 }
                 self.pinned_num_register_threads = n;
@@ -500,11 +754,7 @@ impl AllocatorConfig {
                 self.pinned_use_background_threads = parse_bool(key, v)?
             }
             "pinned_reserve_segment_size_mb" => {
-                let n = parse_u64(key, v)?;
-                if n == 0 {
-                    return Err(ConfigError::new(key, "must be > 0"));
-                }
-                self.pinned_reserve_segment_size_mb = n;
+                self.pinned_reserve_segment_size_mb = size_mb(key, v, 1)? / MIB;
             }
             _ => return Err(unknown(key)),
         }
@@ -524,16 +774,101 @@ impl AllocatorConfig {
         if self.max_split_size == u64::MAX {
             -1
         } else {
-            self.max_split_size as i64
+            i64::try_from(self.max_split_size).unwrap_or(i64::MAX)
         }
     }
 }
 
 fn unknown(key: &str) -> ConfigError {
+    let key = echo(key);
     ConfigError::new(
-        key,
+        key.clone(),
+        ConfigErrorKind::UnknownKey,
         format!("Unrecognized key '{key}' in Accelerator allocator config."),
     )
+}
+
+/// The net effect of a sequence of config strings applied in order, kept in
+/// bounded space: what a new allocator must replay to end up configured as
+/// if it had seen every string (the C ABI's `cachalot_set_config` stores one
+/// of these, not every string it was given).
+///
+/// Every parse resets the same four keys, so only the last string matters
+/// for them; for every other key only the last value named matters. So the
+/// sequence is at most two strings: the last value of each non-reset key
+/// named before the last string, then the last string verbatim (which stays
+/// the config's `last_config_string`). It holds at most one entry per field
+/// and each string is at most [`MAX_CONFIG_LEN`] bytes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConfigReplay {
+    /// The configuration the strings produce over the base.
+    config: AllocatorConfig,
+    /// `(field, "key:value")` of every non-reset key named before `last`, in
+    /// the order first named; one per field.
+    sticky: Vec<(&'static str, String)>,
+    /// The last string pushed, with its own non-reset entries.
+    last: Option<(String, Vec<(&'static str, String)>)>,
+}
+
+impl ConfigReplay {
+    /// An empty sequence over `base`, the configuration the strings will be
+    /// applied to (an allocator's configuration from the environment).
+    pub fn new(base: AllocatorConfig) -> Self {
+        Self {
+            config: base,
+            sticky: Vec::new(),
+            last: None,
+        }
+    }
+
+    /// Applies `s` after the strings so far. An error (the same as
+    /// [`AllocatorConfig::apply`] on the result so far gives) changes nothing.
+    pub fn push(&mut self, s: &str) -> Result<(), ConfigError> {
+        let own: Vec<(&'static str, String)> = parse_entries(s)?
+            .iter()
+            .filter_map(|e| Some((sticky_field(e.key)?, format!("{}:{}", e.key, e.raw))))
+            .collect();
+        self.config.apply(s)?;
+        if let Some((_, prev)) = self.last.take() {
+            for (field, text) in prev {
+                match self.sticky.iter_mut().find(|(f, _)| *f == field) {
+                    Some(slot) => slot.1 = text,
+                    None => self.sticky.push((field, text)),
+                }
+            }
+        }
+        self.last = Some((s.to_string(), own));
+        Ok(())
+    }
+
+    /// The strings to apply, in order, to a configuration equal to the base
+    /// to end as [`ConfigReplay::config`]: none, one or two.
+    pub fn strings(&self) -> Vec<String> {
+        let mut out = Vec::with_capacity(2);
+        if !self.sticky.is_empty() {
+            let v: Vec<&str> = self.sticky.iter().map(|(_, t)| t.as_str()).collect();
+            out.push(v.join(","));
+        }
+        out.extend(self.last.as_ref().map(|(s, _)| s.clone()));
+        out
+    }
+
+    /// The configuration the strings produce over the base.
+    pub fn config(&self) -> &AllocatorConfig {
+        &self.config
+    }
+
+    /// Bytes of config text held (the sticky values and the last string;
+    /// not the [`ConfigReplay::config`]): bounded however many strings were
+    /// pushed.
+    pub fn stored_bytes(&self) -> usize {
+        let texts = |v: &[(&str, String)]| v.iter().map(|(_, t)| t.len()).sum::<usize>();
+        texts(&self.sticky)
+            + self
+                .last
+                .as_ref()
+                .map_or(0, |(s, own)| s.len() + texts(own))
+    }
 }
 
 #[cfg(test)]
@@ -654,5 +989,342 @@ mod tests {
         let before = c.clone();
         assert!(c.apply("max_split_size_mb:100,bogus:1").is_err());
         assert_eq!(c, before);
+    }
+
+    fn err(s: &str) -> ConfigError {
+        AllocatorConfig::parse(s).expect_err(s)
+    }
+
+    /// `s` fails as out of range for `key`, naming the value and a range
+    /// that contains `allowed`.
+    fn assert_out_of_range(s: &str, key: &str, value: &str, allowed: &str) {
+        let e = err(s);
+        assert_eq!(e.key, key, "{s}: {e}");
+        match &e.kind {
+            ConfigErrorKind::OutOfRange {
+                value: v,
+                allowed: a,
+            } => {
+                assert_eq!(v, value, "{s}: {e}");
+                assert!(a.contains(allowed), "{s}: {a}");
+            }
+            k => panic!("{s}: not OutOfRange: {k:?} ({e})"),
+        }
+        let msg = e.to_string();
+        assert!(msg.contains(key) && msg.contains(allowed), "{s}: {msg}");
+    }
+
+    #[test]
+    fn hostile_numbers_are_out_of_range_naming_key_value_and_range() {
+        let max = MAX_SIZE_MB.to_string();
+        let over = (MAX_SIZE_MB + 1).to_string();
+        let huge = "9223372036854775808";
+        let beyond_u64 = "184467440737095516160000";
+        for key in [
+            "large_segment_size_mb",
+            "max_split_size_mb",
+            "max_non_split_rounding_mb",
+            "pinned_reserve_segment_size_mb",
+        ] {
+            for v in [over.as_str(), huge, beyond_u64, "18446744073709551615"] {
+                assert_out_of_range(&format!("{key}:{v}"), key, v, &max);
+            }
+            assert_out_of_range(&format!("{key}:-1"), key, "-1", &max);
+            // the largest size is accepted, and in bytes it is MAX_REQUEST
+            AllocatorConfig::parse(&format!("{key}:{max}")).unwrap();
+        }
+        let c = AllocatorConfig::parse(&format!("large_segment_size_mb:{max}")).unwrap();
+        assert_eq!(c.large_segment_size, crate::engine::rounding::MAX_REQUEST);
+        assert_out_of_range(
+            "large_segment_size_mb:10",
+            "large_segment_size_mb",
+            "10",
+            "[11,",
+        );
+        assert_out_of_range("max_split_size_mb:19", "max_split_size_mb", "19", "[20,");
+        assert_out_of_range(
+            "large_segment_size_mb:40,max_non_split_rounding_mb:39",
+            "max_non_split_rounding_mb",
+            "39",
+            "[40,",
+        );
+        assert_out_of_range(
+            "pinned_reserve_segment_size_mb:0",
+            "pinned_reserve_segment_size_mb",
+            "0",
+            "[1,",
+        );
+        let d = MAX_ROUNDUP_DIVISIONS.to_string();
+        for v in [huge, beyond_u64, "2097152", "3", "-4"] {
+            let s = format!("roundup_power2_divisions:{v}");
+            assert_out_of_range(&s, "roundup_power2_divisions", v, &d);
+            // the per-interval form is checked the same way
+            let s = format!("roundup_power2_divisions:[256:{v},>:8]");
+            assert_out_of_range(&s, "roundup_power2_divisions", v, &d);
+            let s = format!("roundup_power2_divisions:[256:4,>:{v}]");
+            assert_out_of_range(&s, "roundup_power2_divisions", v, &d);
+        }
+        for b in [huge, over.as_str(), "0", "3"] {
+            let s = format!("roundup_power2_divisions:[{b}:4]");
+            assert_out_of_range(&s, "roundup_power2_divisions", b, &max);
+        }
+        let c = AllocatorConfig::parse(&format!("roundup_power2_divisions:[{max}:{d}]")).unwrap();
+        assert_eq!(c.roundup_power2_divisions, [MAX_ROUNDUP_DIVISIONS; 16]);
+        for v in ["0", "1", "1.0", "1e400", "inf", "NaN", "-0.5", "1e-400"] {
+            let s = format!("garbage_collection_threshold:{v}");
+            assert_out_of_range(&s, "garbage_collection_threshold", v, "(0.0, 1.0)");
+        }
+        for v in ["1.0000001", "1e308", "-inf", "nan", "-1"] {
+            let s = format!("per_process_memory_fraction:{v}");
+            assert_out_of_range(&s, "per_process_memory_fraction", v, "[0.0, 1.0]");
+        }
+        for v in ["0", "3", "256", huge] {
+            let s = format!("pinned_num_register_threads:{v}");
+            assert_out_of_range(&s, "pinned_num_register_threads", v, "<= 128");
+        }
+    }
+
+    #[test]
+    fn malformed_values_are_invalid_values() {
+        for (s, key, value) in [
+            ("max_split_size_mb:abc", "max_split_size_mb", "abc"),
+            ("max_split_size_mb:1.5", "max_split_size_mb", "1.5"),
+            (
+                "garbage_collection_threshold:x",
+                "garbage_collection_threshold",
+                "x",
+            ),
+            ("expandable_segments:true", "expandable_segments", "true"),
+            ("max_split_size_mb:[1:2]", "max_split_size_mb", "[1:2]"),
+        ] {
+            let e = err(s);
+            assert_eq!(e.key, key, "{s}");
+            assert_eq!(
+                e.kind,
+                ConfigErrorKind::InvalidValue {
+                    value: value.to_string()
+                },
+                "{s}"
+            );
+        }
+        assert!(matches!(
+            err("backend:cudaMallocAsync").kind,
+            ConfigErrorKind::Unsupported { .. }
+        ));
+        assert_eq!(err("foo:1").kind, ConfigErrorKind::UnknownKey);
+    }
+
+    #[test]
+    fn syntax_errors_say_what_was_found_where() {
+        for (s, key, offset, found) in [
+            (":", "", 0, "expected a key, found ':' at offset 0"),
+            (",,", "", 0, "expected a key, found ',' at offset 0"),
+            (
+                "expandable_segments:True,,",
+                "",
+                25,
+                "expected a key, found ',' at offset 25",
+            ),
+            ("[", "", 0, "expected a key, found '[' at offset 0"),
+            (
+                "max_split_size_mb",
+                "max_split_size_mb",
+                17,
+                "expected ':' after the key, found the end of the string at offset 17",
+            ),
+            (
+                "max_split_size_mb:",
+                "max_split_size_mb",
+                18,
+                "expected a value, found the end of the string",
+            ),
+            (
+                "max_split_size_mb 100",
+                "max_split_size_mb",
+                18,
+                "expected ':' after the key, found '100' at offset 18",
+            ),
+            (
+                "max_split_size_mb:100 200",
+                "max_split_size_mb",
+                22,
+                "expected ',' between options, found '200'",
+            ),
+            (
+                "roundup_power2_divisions:[1:2",
+                "roundup_power2_divisions",
+                29,
+                "found the end of the string at offset 29",
+            ),
+            (
+                "roundup_power2_divisions:[1 2]",
+                "roundup_power2_divisions",
+                28,
+                "expected ':' after the list boundary, found '2'",
+            ),
+        ] {
+            let e = err(s);
+            assert_eq!(e.key, key, "{s}: {e}");
+            assert_eq!(e.kind, ConfigErrorKind::Syntax { offset }, "{s}: {e}");
+            assert!(e.to_string().contains(found), "{s}: {e}");
+            assert!(!e.to_string().contains("Colon"), "{e}");
+            assert!(!e.to_string().contains("Comma"), "{e}");
+        }
+        // the old "key 'Colon'" wording is gone: no key is named before one
+        assert_eq!(
+            err(":").to_string(),
+            "invalid allocator config: expected a key, found ':' at offset 0"
+        );
+    }
+
+    #[test]
+    fn long_input_is_refused_and_never_echoed_whole() {
+        let huge = "x".repeat(100 << 20);
+        let e = err(&huge);
+        assert_eq!(
+            e.kind,
+            ConfigErrorKind::TooLong {
+                len: 100 << 20,
+                max: MAX_CONFIG_LEN
+            }
+        );
+        assert!(e.to_string().len() < 300, "{}", e.to_string().len());
+        // at the limit it parses (a long unknown key) and the key is cut
+        let key = "k".repeat(MAX_CONFIG_LEN - 2);
+        let e = err(&format!("{key}:1"));
+        assert_eq!(e.kind, ConfigErrorKind::UnknownKey);
+        assert_eq!(e.key, format!("{}…", "k".repeat(ECHO_LIMIT)));
+        assert!(e.to_string().len() < 300);
+        // a long value is cut in the error too
+        let v = "9".repeat(60_000);
+        let e = err(&format!("max_split_size_mb:{v}"));
+        assert!(e.to_string().len() < 300, "{}", e.to_string().len());
+        match e.kind {
+            ConfigErrorKind::OutOfRange { value, .. } => {
+                assert_eq!(value.chars().count(), ECHO_LIMIT + 1);
+                assert!(value.ends_with('…'));
+            }
+            k => panic!("{k:?}"),
+        }
+        let e = err(&format!("expandable_segments:{}", "é".repeat(1000)));
+        assert!(e.to_string().chars().count() < 200);
+        assert_eq!(echo("short"), "short");
+        assert_eq!(echo(&"a".repeat(ECHO_LIMIT)), "a".repeat(ECHO_LIMIT));
+    }
+
+    #[test]
+    #[cfg(unix)]
+    fn env_lookup_names_the_variable() {
+        use std::os::unix::ffi::OsStringExt;
+        let only = |name: &'static str, v: OsString| {
+            move |var: &'static str| (var == name).then(|| v.clone())
+        };
+        let e = AllocatorConfig::from_lookup(only(
+            "PYTORCH_CUDA_ALLOC_CONF",
+            "roundup_power2_divisions:9223372036854775808".into(),
+        ))
+        .unwrap_err();
+        assert_eq!(e.env_var, Some("PYTORCH_CUDA_ALLOC_CONF"));
+        assert!(matches!(e.kind, ConfigErrorKind::OutOfRange { .. }));
+        assert!(
+            e.to_string().contains("(from PYTORCH_CUDA_ALLOC_CONF)"),
+            "{e}"
+        );
+        let e = AllocatorConfig::from_lookup(only(
+            "CACHALOT_ALLOC_CONF",
+            OsString::from_vec(vec![b'a', 0xff, b':']),
+        ))
+        .unwrap_err();
+        assert_eq!(e.kind, ConfigErrorKind::NotUnicode);
+        assert_eq!(e.env_var, Some("CACHALOT_ALLOC_CONF"));
+        let e =
+            AllocatorConfig::from_lookup(only("PYTORCH_ALLOC_CONF", "y".repeat(1 << 20).into()))
+                .unwrap_err();
+        assert!(matches!(e.kind, ConfigErrorKind::TooLong { .. }));
+        // the first set variable wins
+        let c = AllocatorConfig::from_lookup(|var| match var {
+            "PYTORCH_CUDA_ALLOC_CONF" => Some("max_split_size_mb:100".into()),
+            "PYTORCH_ALLOC_CONF" => Some("bogus:1".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!(c.max_split_size, 100 * MIB);
+        assert_eq!(
+            AllocatorConfig::from_lookup(|_| None).unwrap(),
+            AllocatorConfig::default()
+        );
+    }
+
+    /// Applies every string in order.
+    fn fold(base: &AllocatorConfig, strings: &[&str]) -> AllocatorConfig {
+        let mut c = base.clone();
+        for s in strings {
+            c.apply(s).unwrap();
+        }
+        c
+    }
+
+    #[test]
+    fn replay_is_bounded_and_equals_the_whole_sequence() {
+        let base = AllocatorConfig::parse("large_segment_size_mb:30,placement:pytorch").unwrap();
+        let sequences: [&[&str]; 5] = [
+            &[],
+            &["max_split_size_mb:100"],
+            &[
+                "expandable_segments:True,max_split_size_mb:100",
+                "release_lock_on_cudamalloc:True",
+                "garbage_collection_threshold:0.5,release_lock_on_device_malloc:False",
+                "roundup_power2_divisions:[256:4,>:8]",
+            ],
+            &[
+                "large_segment_size_mb:40,per_process_memory_fraction:0.5",
+                "max_non_split_rounding_mb:50, pinned_num_register_threads:8",
+                "graph_capture_record_stream_reuse:pytorch,expandable_segments:False",
+                "large_segment_size_mb:60,max_split_size_mb:70",
+                "idle_stream_reuse:True,throw_on_cudamalloc_oom:True,backend:native",
+            ],
+            &[
+                "pinned_use_cuda_host_register:True,pinned_use_hip_host_register:False",
+                "pinned_use_background_threads:True,pinned_reserve_segment_size_mb:64",
+                "",
+            ],
+        ];
+        for seq in sequences {
+            let mut r = ConfigReplay::new(base.clone());
+            for s in seq {
+                r.push(s).unwrap();
+            }
+            let want = fold(&base, seq);
+            assert_eq!(r.config(), &want, "{seq:?}");
+            let replayed: Vec<String> = r.strings();
+            assert!(replayed.len() <= 2);
+            let got = fold(
+                &base,
+                &replayed.iter().map(String::as_str).collect::<Vec<_>>(),
+            );
+            assert_eq!(got, want, "{seq:?} replayed as {replayed:?}");
+        }
+        // a failing push changes nothing and is checked against the state so far
+        let mut r = ConfigReplay::new(base.clone());
+        r.push("large_segment_size_mb:40").unwrap();
+        let before = r.clone();
+        let e = r.push("max_split_size_mb:35").unwrap_err();
+        assert_eq!(e.key, "max_split_size_mb");
+        assert_eq!(r, before);
+        // 100k pushes: the stored text stays bounded
+        let mut r = ConfigReplay::new(base.clone());
+        let mut peak = 0;
+        for i in 0..100_000u32 {
+            let s = format!(
+                "garbage_collection_threshold:0.{},expandable_segments:{},placement:steady",
+                i + 1,
+                if i % 2 == 0 { "True" } else { "False" }
+            );
+            r.push(&s).unwrap();
+            peak = peak.max(r.stored_bytes());
+        }
+        assert!(peak < 256, "stored {peak} bytes");
+        assert!(!r.config().expandable_segments);
+        assert_eq!(r.config().garbage_collection_threshold, 0.1);
     }
 }

@@ -62,24 +62,92 @@ pub enum DeviceAllocError {
     Backend(#[from] BackendError),
 }
 
-/// A malformed or invalid allocator configuration, naming the key.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid allocator config: key '{key}': {reason}")]
+/// What is wrong with an allocator configuration string.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigErrorKind {
+    /// The string is not `key:value,...`; the problem is at byte `offset`.
+    Syntax {
+        /// Byte offset in the config string.
+        offset: usize,
+    },
+    /// The string is longer than [`crate::config::MAX_CONFIG_LEN`] bytes.
+    TooLong {
+        /// Length of the string, in bytes.
+        len: usize,
+        /// The largest length accepted.
+        max: usize,
+    },
+    /// A key cachalot does not know.
+    UnknownKey,
+    /// A value of the wrong form: not a number, not `True`/`False`, a list
+    /// for a key that takes one value, ...
+    InvalidValue {
+        /// The value as written (truncated).
+        value: String,
+    },
+    /// A number outside the range the key allows.
+    OutOfRange {
+        /// The value as written (truncated).
+        value: String,
+        /// The allowed range, in words (`"[11, 1099511627776] MiB"`).
+        allowed: String,
+    },
+    /// A value PyTorch accepts and cachalot does not support.
+    Unsupported {
+        /// The value as written (truncated).
+        value: String,
+    },
+    /// The environment variable that holds the string is not valid UTF-8.
+    NotUnicode,
+}
+
+/// A malformed or invalid allocator configuration: the key (when the
+/// problem is tied to one), what kind of problem, and a message. Every
+/// piece of user input it echoes is truncated to
+/// [`crate::config::ECHO_LIMIT`] characters.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
-    /// The offending key (or the token where parsing failed).
+    /// The offending key; empty when the problem is not tied to a key
+    /// (a syntax error before any key, a string too long).
     pub key: String,
-    /// What is wrong with it.
+    /// What kind of problem.
+    pub kind: ConfigErrorKind,
+    /// What is wrong, in words.
     pub reason: String,
+    /// The environment variable the string came from, if it came from one.
+    pub env_var: Option<&'static str>,
 }
 
 impl ConfigError {
-    pub(crate) fn new(key: impl Into<String>, reason: impl Into<String>) -> Self {
+    pub(crate) fn new(
+        key: impl Into<String>,
+        kind: ConfigErrorKind,
+        reason: impl Into<String>,
+    ) -> Self {
         Self {
             key: key.into(),
+            kind,
             reason: reason.into(),
+            env_var: None,
         }
     }
 }
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("invalid allocator config")?;
+        if let Some(var) = self.env_var {
+            write!(f, " (from {var})")?;
+        }
+        if !self.key.is_empty() {
+            write!(f, ": key '{}'", self.key)?;
+        }
+        write!(f, ": {}", self.reason)
+    }
+}
+
+impl StdError for ConfigError {}
 
 /// Misuse of graph capture.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -239,9 +307,26 @@ pub enum Error {
     /// The pointer was never handed out by this allocator.
     #[error("invalid device pointer: {0:#x} was not allocated by this allocator")]
     UnknownPointer(u64),
-    /// The pointer lies in this allocator's memory but is not a live allocation.
+    /// The pointer lies in this allocator's memory, in a block that is not a
+    /// live allocation (a cached free block, or one freed and waiting for
+    /// its streams): a double free, or a free of memory never handed out.
     #[error("double free or invalid free of device pointer {0:#x}: it is not a live allocation")]
     DoubleFree(u64),
+    /// The pointer lies inside a live allocation but is not its start
+    /// (`free` and `record_stream` take the address the allocation returned).
+    #[error(
+        "device pointer {addr:#x} points inside the live allocation at {block:#x} \
+         ({size} bytes, offset {offset}): pass the allocation's start address",
+        offset = interior_offset(.addr, .block)
+    )]
+    InteriorPointer {
+        /// The pointer passed.
+        addr: u64,
+        /// Start of the live allocation that contains it.
+        block: u64,
+        /// Size of that allocation's block, in bytes.
+        size: u64,
+    },
     /// The pointer lies in this allocator's memory but is not a live
     /// allocation (e.g. `record_stream` after free).
     #[error("device pointer {0:#x} is not a live allocation (already freed?)")]
@@ -258,6 +343,17 @@ pub enum Error {
     /// No backend or device is available.
     #[error("no device: {0}")]
     NoDevice(String),
+    /// An environment variable cachalot reads holds a value it does not
+    /// accept (not a number, out of range, not UTF-8).
+    #[error("environment variable {var}: invalid value '{value}', expected {allowed}")]
+    InvalidEnv {
+        /// The variable.
+        var: &'static str,
+        /// Its value (truncated to [`crate::config::ECHO_LIMIT`] characters).
+        value: String,
+        /// What is allowed, in words (`"an integer in [0, 64]"`).
+        allowed: String,
+    },
     /// An argument is invalid (e.g. a device index out of range).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -283,6 +379,11 @@ impl Error {
     pub fn is_out_of_memory(&self) -> bool {
         matches!(self, Error::OutOfMemory(_))
     }
+}
+
+/// Offset of an interior pointer in its block (for the message).
+fn interior_offset(addr: &u64, block: &u64) -> u64 {
+    addr.saturating_sub(*block)
 }
 
 /// Result alias of the allocator.

@@ -22,7 +22,8 @@ pub use backend::{
 };
 pub use config::{AllocatorConfig, CaptureReuse};
 pub use error::{
-    BackendError, CaptureError, ConfigError, DeviceAllocError, Error, OomReport, Result,
+    BackendError, CaptureError, ConfigError, ConfigErrorKind, DeviceAllocError, Error, OomReport,
+    Result,
 };
 pub use stats::{DeviceStats, Stat, StatArray, StatType};
 

@@ -2,18 +2,30 @@
 //! trait that lets the dispatch enum open devices and streams of every
 //! backend the same way.
 
+use std::ffi::OsString;
 use std::fmt;
 use std::str::FromStr;
 
+use cachalot_core::config::echo;
 use cachalot_core::{Backend, DeviceIndex, Error};
 use cachalot_mock::{MockBackend, MockConfig, MockStream};
 
 /// Environment variable naming the backend (`mock`, `cuda`, `hip`, `level-zero`).
 pub const BACKEND_ENV: &str = "CACHALOT_BACKEND";
-/// Environment variable: number of simulated devices of the mock backend (default 1).
+/// Environment variable: number of simulated devices of the mock backend
+/// (default 1; at most [`MAX_MOCK_DEVICES`]).
 pub const MOCK_DEVICES_ENV: &str = "CACHALOT_MOCK_DEVICES";
-/// Environment variable: capacity in bytes of each simulated device (default: an H200's).
+/// Environment variable: capacity in bytes of each simulated device
+/// (default: an H200's; at most [`MAX_MOCK_MEMORY`]).
 pub const MOCK_MEMORY_ENV: &str = "CACHALOT_MOCK_MEMORY";
+/// Most simulated devices [`MOCK_DEVICES_ENV`] may ask for (the largest
+/// real hosts have 16).
+pub const MAX_MOCK_DEVICES: u32 = 64;
+/// Largest capacity [`MOCK_MEMORY_ENV`] may ask for: 2^50 bytes (1 PiB),
+/// far above any device, and far enough below `i64::MAX` that the signed
+/// byte statistics of a full device (and their sums over pools) cannot
+/// overflow.
+pub const MAX_MOCK_MEMORY: u64 = 1 << 50;
 /// Total memory of an NVIDIA H200 as `cudaMemGetInfo` reports it: the mock's default capacity.
 pub const H200_TOTAL_MEMORY: u64 = 150_754_820_096;
 
@@ -85,10 +97,16 @@ impl BackendKind {
     /// error), else the first real backend with a device (CUDA, HIP, Level
     /// Zero), else the mock.
     pub fn detect() -> Result<Self, Error> {
-        if let Ok(v) = std::env::var(BACKEND_ENV)
-            && !v.trim().is_empty()
-        {
-            return v.parse();
+        match std::env::var_os(BACKEND_ENV).map(OsString::into_string) {
+            Some(Ok(v)) if !v.trim().is_empty() => return v.parse(),
+            Some(Err(raw)) => {
+                return Err(Error::InvalidEnv {
+                    var: BACKEND_ENV,
+                    value: echo(&raw.to_string_lossy()),
+                    allowed: "UTF-8 text: one of mock, cuda, hip, level-zero".into(),
+                });
+            }
+            _ => {}
         }
         Ok(BackendKind::ALL
             .into_iter()
@@ -124,7 +142,8 @@ impl FromStr for BackendKind {
             "hip" | "rocm" => Ok(BackendKind::Hip),
             "level-zero" | "level_zero" | "levelzero" | "ze" | "xpu" => Ok(BackendKind::LevelZero),
             _ => Err(Error::InvalidArgument(format!(
-                "unknown backend '{s}' (expected one of: mock, cuda, hip, level-zero)"
+                "unknown backend '{}' (expected one of: mock, cuda, hip, level-zero)",
+                echo(s)
             ))),
         }
     }
@@ -150,20 +169,25 @@ impl Default for MockSettings {
 }
 
 impl MockSettings {
-    /// Reads the environment; malformed values are [`Error::InvalidArgument`].
+    /// Reads the environment. A value that is not an integer in its range
+    /// ([0, [`MAX_MOCK_DEVICES`]] devices, [0, [`MAX_MOCK_MEMORY`]] bytes)
+    /// or not UTF-8 is [`Error::InvalidEnv`] naming the variable, the value
+    /// and the range.
     pub fn from_env() -> Result<Self, Error> {
+        Self::from_lookup(std::env::var_os)
+    }
+
+    /// [`MockSettings::from_env`] over `lookup` instead of the process environment.
+    pub(crate) fn from_lookup(
+        mut lookup: impl FnMut(&'static str) -> Option<OsString>,
+    ) -> Result<Self, Error> {
         let mut s = Self::default();
-        if let Ok(v) = std::env::var(MOCK_DEVICES_ENV) {
-            s.devices = v.trim().parse().map_err(|_| {
-                Error::InvalidArgument(format!("{MOCK_DEVICES_ENV}: expected a count, got '{v}'"))
-            })?;
+        if let Some(v) = lookup(MOCK_DEVICES_ENV) {
+            let n = env_int(MOCK_DEVICES_ENV, v, u64::from(MAX_MOCK_DEVICES))?;
+            s.devices = u32::try_from(n).unwrap_or(MAX_MOCK_DEVICES);
         }
-        if let Ok(v) = std::env::var(MOCK_MEMORY_ENV) {
-            s.total_memory = v.trim().parse().map_err(|_| {
-                Error::InvalidArgument(format!(
-                    "{MOCK_MEMORY_ENV}: expected a byte count, got '{v}'"
-                ))
-            })?;
+        if let Some(v) = lookup(MOCK_MEMORY_ENV) {
+            s.total_memory = env_int(MOCK_MEMORY_ENV, v, MAX_MOCK_MEMORY)?;
         }
         Ok(s)
     }
@@ -176,6 +200,23 @@ impl MockSettings {
             .auto_complete(true)
             .race_checking(false)
             .build()
+    }
+}
+
+/// The integer in [0, `max`] that the variable `var` holds (surrounding
+/// whitespace allowed).
+fn env_int(var: &'static str, raw: OsString, max: u64) -> Result<u64, Error> {
+    let bad = |v: &str| Error::InvalidEnv {
+        var,
+        value: echo(v),
+        allowed: format!("an integer in [0, {max}]"),
+    };
+    let v = raw
+        .into_string()
+        .map_err(|raw| bad(&raw.to_string_lossy()))?;
+    match v.trim().parse::<u64>() {
+        Ok(n) if n <= max => Ok(n),
+        _ => Err(bad(&v)),
     }
 }
 
@@ -253,5 +294,84 @@ mod tests {
         assert!(e.to_string().contains("unknown backend 'tpu'"), "{e}");
         assert!(BackendKind::Mock.is_compiled());
         assert_eq!(BackendKind::Mock.device_count().unwrap_or(1), 1);
+    }
+
+    #[test]
+    fn mock_env_values_are_bounded() {
+        let only = |name: &'static str, v: &str| {
+            let v = OsString::from(v);
+            move |var: &'static str| (var == name).then(|| v.clone())
+        };
+        for (var, v, allowed) in [
+            (MOCK_DEVICES_ENV, "4294967295", "[0, 64]"),
+            (MOCK_DEVICES_ENV, "65", "[0, 64]"),
+            (MOCK_DEVICES_ENV, "-1", "[0, 64]"),
+            (MOCK_DEVICES_ENV, "two", "[0, 64]"),
+            (MOCK_DEVICES_ENV, "99999999999999999999999", "[0, 64]"),
+            (
+                MOCK_MEMORY_ENV,
+                "18446744073709551615",
+                "[0, 1125899906842624]",
+            ),
+            (
+                MOCK_MEMORY_ENV,
+                "9223372036854775808",
+                "[0, 1125899906842624]",
+            ),
+            (MOCK_MEMORY_ENV, "1125899906842625", "[0, 1125899906842624]"),
+            (MOCK_MEMORY_ENV, "1.5e9", "[0, 1125899906842624]"),
+        ] {
+            let e = MockSettings::from_lookup(only(var, v)).unwrap_err();
+            match &e {
+                Error::InvalidEnv {
+                    var: got,
+                    value,
+                    allowed: a,
+                } => {
+                    assert_eq!(*got, var);
+                    assert_eq!(value, v);
+                    assert!(a.contains(allowed), "{a}");
+                }
+                e => panic!("{var}={v}: {e:?}"),
+            }
+            let msg = e.to_string();
+            assert!(
+                msg.contains(var) && msg.contains(v) && msg.contains(allowed),
+                "{msg}"
+            );
+        }
+        let e = MockSettings::from_lookup(only(MOCK_MEMORY_ENV, &"7".repeat(100_000))).unwrap_err();
+        assert!(e.to_string().len() < 300, "echoed whole");
+        let s = MockSettings::from_lookup(|var| {
+            Some(OsString::from(match var {
+                MOCK_DEVICES_ENV => " 64 ",
+                _ => "1125899906842624",
+            }))
+        })
+        .unwrap();
+        assert_eq!(s.devices, MAX_MOCK_DEVICES);
+        assert_eq!(s.total_memory, MAX_MOCK_MEMORY);
+        assert_eq!(
+            MockSettings::from_lookup(|_| None).unwrap(),
+            MockSettings::default()
+        );
+        #[cfg(unix)]
+        {
+            use std::os::unix::ffi::OsStringExt;
+            let e = MockSettings::from_lookup(|var| {
+                (var == MOCK_DEVICES_ENV).then(|| OsString::from_vec(vec![b'4', 0xff]))
+            })
+            .unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::InvalidEnv {
+                        var: MOCK_DEVICES_ENV,
+                        ..
+                    }
+                ),
+                "{e:?}"
+            );
+        }
     }
 }

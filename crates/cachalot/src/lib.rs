@@ -54,7 +54,8 @@ pub mod summary;
 use std::path::Path;
 
 pub use backend::{
-    BACKEND_ENV, BackendKind, H200_TOTAL_MEMORY, MOCK_DEVICES_ENV, MOCK_MEMORY_ENV, MockSettings,
+    BACKEND_ENV, BackendKind, H200_TOTAL_MEMORY, MAX_MOCK_DEVICES, MAX_MOCK_MEMORY,
+    MOCK_DEVICES_ENV, MOCK_MEMORY_ENV, MockSettings,
 };
 pub use buffer::DeviceBuffer;
 pub use device::{DeviceAllocator, MAX_REPLAY_STREAMS, Stream};
