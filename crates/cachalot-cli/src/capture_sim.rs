@@ -46,15 +46,19 @@ const DEVICE_BYTES: u64 = 150_754_820_096;
 const MIB: u64 = 1 << 20;
 /// Bytes each use copies in the emitted PyTorch program (its scratch buffers).
 const SCRATCH_BYTES: u64 = MIB;
+/// Most operations of a program (`--ops`): 1000 times the largest the
+/// acceptance scripts run, and a bound on what the program may hold.
+pub const MAX_SIM_OPS: u32 = 1_000_000;
 
 /// Arguments of `capture-sim`.
 #[derive(Args, Debug)]
 pub struct CaptureSimArgs {
-    /// Streams taking part in the capture (the capture stream included), ≥ 2.
-    #[arg(long, default_value_t = 4)]
+    /// Streams taking part in the capture (the capture stream included), 2..=64.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(2..=64))]
     pub streams: u32,
-    /// Operations of the random program.
-    #[arg(long, default_value_t = 1000)]
+    /// Operations of the random program, 1..=1000000.
+    #[arg(long, default_value_t = 1000,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_SIM_OPS)))]
     pub ops: u32,
     /// Probability that an operation is a wait (fork/join) between two streams.
     #[arg(long = "p-join", default_value_t = 0.1)]
@@ -95,8 +99,9 @@ pub struct CaptureSimArgs {
     /// Check the allocator's invariants after every operation (slow).
     #[arg(long = "check-invariants")]
     pub check_invariants: bool,
-    /// Timed runs (race checker off); the fastest is reported.
-    #[arg(long = "timing-runs", default_value_t = 3)]
+    /// Timed runs (race checker off), 1..=100; the fastest is reported.
+    #[arg(long = "timing-runs", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..=100))]
     pub timing_runs: u32,
     /// Also report the unordered packing bound: the same allocations and
     /// frees with every block on one stream and no `record_stream`, as if the
@@ -183,42 +188,56 @@ pub fn run(args: &CaptureSimArgs) -> Result<(), CliError> {
         if let Some(b) = bound {
             j["bound_peak_reserved"] = b.into();
         }
-        println!("{j}");
+        crate::print_out(&format!("{j}\n"))?;
     } else {
-        println!(
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
             "capture-sim: {} streams, {} ops, seed {}, reuse {}",
             params.streams,
             params.ops,
             params.seed,
             mode_name(mode)
         );
-        println!(
+        let _ = writeln!(
+            out,
             "  peak reserved  : {} bytes ({:.1} MiB)",
             o.peak_reserved,
             o.peak_reserved as f64 / MIB as f64
         );
-        println!(
+        let _ = writeln!(
+            out,
             "  peak allocated : {} bytes ({:.1} MiB)",
             o.peak_allocated,
             o.peak_allocated as f64 / MIB as f64
         );
-        println!("  blocks reused  : {}", o.reused_blocks);
-        println!(
+        let _ = writeln!(out, "  blocks reused  : {}", o.reused_blocks);
+        let _ = writeln!(
+            out,
             "  capture time   : {:.3} ms ({:.0} ns/op)",
             o.capture_ns as f64 / 1e6,
             o.capture_ns as f64 / f64::from(params.ops.max(1))
         );
         match o.races {
-            Some(n) => println!("  races found    : {n}"),
-            None => println!("  races found    : not checked (no race checker on this device)"),
+            Some(n) => {
+                let _ = writeln!(out, "  races found    : {n}");
+            }
+            None => {
+                let _ = writeln!(
+                    out,
+                    "  races found    : not checked (no race checker on this device)"
+                );
+            }
         }
         if let Some(b) = bound {
-            println!(
+            let _ = writeln!(
+                out,
                 "  unordered bound: {} bytes ({:.1} MiB)",
                 b,
                 b as f64 / MIB as f64
             );
         }
+        crate::print_out(&out)?;
     }
     if let Some(n) = o.races.filter(|&n| n > 0) {
         return Err(CliError::failure(format!(
@@ -282,7 +301,16 @@ struct SimParams {
 impl SimParams {
     fn validate(&self) -> Result<(), CliError> {
         if !(2..=64).contains(&self.streams) {
-            return Err(CliError::usage("--streams must be in 2..=64"));
+            return Err(CliError::usage(format!(
+                "--streams {} is outside 2..=64",
+                self.streams
+            )));
+        }
+        if !(1..=MAX_SIM_OPS).contains(&self.ops) {
+            return Err(CliError::usage(format!(
+                "--ops {} is outside 1..={MAX_SIM_OPS}",
+                self.ops
+            )));
         }
         for (name, p) in [
             ("--p-join", self.p_join),
@@ -290,7 +318,7 @@ impl SimParams {
             ("--p-free", self.p_free),
         ] {
             if !(0.0..=1.0).contains(&p) {
-                return Err(CliError::usage(format!("{name} must be in [0, 1]")));
+                return Err(CliError::usage(format!("{name} {p} is outside [0, 1]")));
             }
         }
         if self.p_join + self.p_alloc + self.p_free > 1.0 + 1e-9 {

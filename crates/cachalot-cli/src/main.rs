@@ -2,9 +2,10 @@
 //! allocator (as PyTorch's `cca_replay`), print the memory summary, plot
 //! memory over time, and export snapshots for PyTorch's viewer.
 //!
-//! Exit codes: 0 success; 1 a failure while running (an allocator or I/O
-//! error); 2 bad input (usage, unreadable or malformed trace, unknown or
-//! unavailable backend, bad allocator config).
+//! Exit codes (also in `--help`, [`AFTER_HELP`]): 0 success; 1 a failure
+//! while running (an allocator or I/O error); 2 bad input (usage or an
+//! argument out of range, unreadable, malformed or over-limit trace,
+//! unknown or unavailable backend, bad allocator config).
 #![forbid(unsafe_code)]
 
 mod capture_sim;
@@ -66,9 +67,34 @@ pub fn print_out(text: &str) -> Result<(), CliError> {
         .map_err(CliError::output)
 }
 
+/// Most `--passes` of `replay`.
+pub const MAX_PASSES: u32 = 10_000;
+/// Most timed operations per thread of `threads --ops`.
+pub const MAX_BENCH_OPS: u64 = 1_000_000_000;
+
+/// The exit codes and trace limits, shown after `--help` (the numbers are
+/// [`cachalot::core::replay::MAX_TRACE_STREAMS`], `MAX_TRACE_OPS` and
+/// `MAX_TRACE_LINE_BYTES`; a test checks them).
+pub const AFTER_HELP: &str = "\
+Exit status:
+  0  success
+  1  a failure while running: an allocator error in a replay (out of memory,
+     a size that can never fit; the message names the trace file, line and
+     operation), an error writing output or a file
+  2  bad input: a usage error or an argument out of its range (the message
+     names the argument and value), an unreadable or malformed trace (the
+     message names the file, line and value), an unknown or unavailable
+     backend, a bad allocator config
+
+Trace files: one operation a line, 'a ID SIZE STREAM' or 'f ID' ('#' starts a
+comment). IDs and stream numbers may be any 64-bit value. A trace must have
+an operation, allocate each ID once and free only an ID allocated and not yet
+freed on an earlier line. Limits: 1024 distinct streams (each is a stream of
+the device in a replay), 134217728 operations, 65536 bytes a line.";
+
 /// Replay allocation traces through the cachalot caching allocator.
 #[derive(Parser, Debug)]
-#[command(name = "cachalot", version, about, long_about = None)]
+#[command(name = "cachalot", version, about, long_about = None, after_help = AFTER_HELP)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -101,9 +127,10 @@ enum Command {
         #[command(flatten)]
         device: DeviceOpts,
         /// Passes over each trace (the first is cold, the median of the
-        /// others is the warm figure).
-        #[arg(long, default_value_t = 5)]
-        passes: usize,
+        /// others is the warm figure), 1..=10000.
+        #[arg(long, default_value_t = 5,
+              value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_PASSES)))]
+        passes: u32,
         /// One JSON line per trace with cca_replay's fields.
         #[arg(long)]
         json: bool,
@@ -138,11 +165,13 @@ enum Command {
         /// Output file (.svg or .png).
         #[arg(short, long, value_name = "FILE")]
         output: PathBuf,
-        /// Image width in pixels.
-        #[arg(long, default_value_t = 1200)]
+        /// Image width in pixels, 200..=10000.
+        #[arg(long, default_value_t = 1200,
+              value_parser = clap::value_parser!(u32).range(200..=10_000))]
         width: u32,
-        /// Image height in pixels.
-        #[arg(long, default_value_t = 600)]
+        /// Image height in pixels, 150..=10000.
+        #[arg(long, default_value_t = 600,
+              value_parser = clap::value_parser!(u32).range(150..=10_000))]
         height: u32,
     },
     /// Capture a random multi-stream program into a graph on the simulated
@@ -153,11 +182,14 @@ enum Command {
     Threads {
         #[command(flatten)]
         device: DeviceOpts,
-        /// Thread counts to run.
-        #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
+        /// Thread counts to run, each 1..=256.
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16",
+              value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
+                  .range(1..=cachalot::MAX_BENCH_THREADS as u64))]
         threads: Vec<usize>,
-        /// Timed operations per thread.
-        #[arg(long, default_value_t = 200_000)]
+        /// Timed operations per thread, 1..=1000000000.
+        #[arg(long, default_value_t = 200_000,
+              value_parser = clap::value_parser!(u64).range(1..=MAX_BENCH_OPS))]
         ops: u64,
     },
 }
@@ -178,7 +210,14 @@ fn main() -> ExitCode {
             json,
             stats,
             snapshot,
-        } => run::replay_cmd(&traces, &device, passes, json, stats, snapshot.as_deref()),
+        } => run::replay_cmd(
+            &traces,
+            &device,
+            passes as usize,
+            json,
+            stats,
+            snapshot.as_deref(),
+        ),
         Command::Summary {
             trace,
             device,
@@ -206,5 +245,28 @@ fn main() -> ExitCode {
             }
             ExitCode::from(e.code)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cachalot::core::replay::{MAX_TRACE_LINE_BYTES, MAX_TRACE_OPS, MAX_TRACE_STREAMS};
+
+    /// The limits `--help` states are the parser's.
+    #[test]
+    fn after_help_states_the_trace_limits() {
+        for n in [
+            MAX_TRACE_STREAMS as usize,
+            MAX_TRACE_OPS,
+            MAX_TRACE_LINE_BYTES,
+        ] {
+            let text = format!(" {n} ");
+            assert!(
+                AFTER_HELP.replace('\n', " ").contains(&text),
+                "{n} not in --help"
+            );
+        }
+        assert_eq!(cachalot::MAX_BENCH_THREADS, 256);
     }
 }

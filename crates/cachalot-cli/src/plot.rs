@@ -39,9 +39,18 @@ const PALETTE: [Rgb; 8] = [
     (23, 190, 207),
 ];
 
+/// Most streams drawn with their own lines; a trace with more is drawn in
+/// total only (a line per stream would be unreadable, and its samples cost
+/// 16 bytes per operation and stream).
+pub const MAX_PLOT_STREAMS: usize = 16;
+
 /// Runs the trace once and samples the statistics after every operation.
-fn collect(dev: &DeviceAllocator, trace: &cachalot::Trace) -> Result<(Figure, Vec<u64>), CliError> {
-    let nstreams = trace.num_streams.clamp(1, cachalot::MAX_REPLAY_STREAMS) as usize;
+fn collect(
+    dev: &DeviceAllocator,
+    trace: &cachalot::Trace,
+    spec: &str,
+) -> Result<(Figure, Vec<u64>), CliError> {
+    let nstreams = (trace.num_streams.max(1) as usize).min(cachalot::MAX_REPLAY_STREAMS as usize);
     let streams = dev
         .streams(nstreams)
         .map_err(|e| CliError::failure(format!("creating streams: {e}")))?;
@@ -54,14 +63,19 @@ fn collect(dev: &DeviceAllocator, trace: &cachalot::Trace) -> Result<(Figure, Ve
     let n = trace.ops.len();
     let mut allocated = Vec::with_capacity(n);
     let mut reserved = Vec::with_capacity(n);
-    let per_stream = nstreams > 1;
+    let per_stream = (2..=MAX_PLOT_STREAMS).contains(&nstreams);
+    if nstreams > MAX_PLOT_STREAMS {
+        eprintln!(
+            "cachalot: note: {spec} uses {nstreams} streams; per-stream lines are drawn for at most {MAX_PLOT_STREAMS}"
+        );
+    }
     let mut s_alloc = vec![Vec::new(); if per_stream { nstreams } else { 0 }];
     let mut s_res = vec![Vec::new(); if per_stream { nstreams } else { 0 }];
     let mut cur_alloc = vec![0u64; nstreams];
     let mut cur_res = vec![0u64; nstreams];
-    let mut id_info: Vec<(usize, u64)> = vec![(0, 0); trace.num_ids];
+    let mut id_info: Vec<(usize, u64)> = vec![(0, 0); if per_stream { trace.num_ids } else { 0 }];
     let mut last_device_ops = (0i64, 0i64);
-    let live = run_ops(dev, trace, |_, op, addr| {
+    let live = run_ops(dev, trace, spec, |_, op, addr| {
         let st = dev.stats();
         allocated.push(st.allocated_bytes.all().current.max(0) as u64);
         reserved.push(st.reserved_bytes.all().current.max(0) as u64);
@@ -70,13 +84,19 @@ fn collect(dev: &DeviceAllocator, trace: &cachalot::Trace) -> Result<(Figure, Ve
         }
         match *op {
             Op::Alloc { id, stream, .. } => {
-                let s = stream as usize % nstreams;
+                // run_ops checked the stream and id against their tables
+                let s = (stream as usize).min(nstreams - 1);
                 let size = dev.block_size(addr).unwrap_or(0);
-                id_info[id as usize] = (s, size);
-                cur_alloc[s] += size;
+                if let Some(info) = id_info.get_mut(id as usize) {
+                    *info = (s, size);
+                }
+                cur_alloc[s] = cur_alloc[s].saturating_add(size);
             }
             Op::Free { id } => {
-                let (s, size) = std::mem::take(&mut id_info[id as usize]);
+                let (s, size) = id_info
+                    .get_mut(id as usize)
+                    .map(std::mem::take)
+                    .unwrap_or_default();
                 cur_alloc[s] = cur_alloc[s].saturating_sub(size);
             }
         }
@@ -112,6 +132,8 @@ fn collect(dev: &DeviceAllocator, trace: &cachalot::Trace) -> Result<(Figure, Ve
     ];
     for (i, (a, r)) in s_alloc.into_iter().zip(s_res).enumerate() {
         let color = PALETTE[(2 + i) % PALETTE.len()];
+        // the trace's own stream number
+        let i = trace.stream_value(i as u32);
         series.push(Series {
             name: format!("reserved stream {i}"),
             color,
@@ -162,16 +184,23 @@ pub fn plot_cmd(
             )));
         }
     };
-    if !(200..=10_000).contains(&width) || !(150..=10_000).contains(&height) {
-        return Err(CliError::usage(
-            "--width must be in 200..=10000 and --height in 150..=10000",
-        ));
+    // clap bounds both; checked again for a direct caller
+    if !(200..=10_000).contains(&width) {
+        return Err(CliError::usage(format!(
+            "--width {width} is outside 200..=10000"
+        )));
+    }
+    if !(150..=10_000).contains(&height) {
+        return Err(CliError::usage(format!(
+            "--height {height} is outside 150..=10000"
+        )));
     }
     let kind = backend_kind(opts)?;
     let config = allocator_config(opts)?;
-    let trace = load_trace(trace)?;
+    let spec = trace;
+    let trace = load_trace(spec)?;
     let dev = open_device(kind, config)?;
-    let (fig, live) = collect(&dev, &trace)?;
+    let (fig, live) = collect(&dev, &trace, spec)?;
     free_all(&dev, live)?;
     let bytes = if png {
         render_png(&fig, width, height)

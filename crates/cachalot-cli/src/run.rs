@@ -7,7 +7,7 @@ use std::sync::Arc;
 use cachalot::core::replay::Op;
 use cachalot::{
     AllocatorConfig, BackendKind, DeviceAllocator, Error, H200_TOTAL_MEMORY, HistoryConfig,
-    ReplayReport, Stream, Trace,
+    ReplayError, ReplayReport, Stream, Trace,
 };
 
 use crate::{CliError, DeviceOpts, print_out};
@@ -15,7 +15,15 @@ use crate::{CliError, DeviceOpts, print_out};
 /// Total operations (over all passes) from which a progress bar is shown.
 const PROGRESS_MIN_OPS: usize = 500_000;
 
-/// A synthetic trace by name, else the trace file at `spec`.
+/// A failed replay of the trace given as `spec` (its file path), exit
+/// code 1: `replaying FILE:LINE: 'OP': error`.
+pub fn replay_failure(spec: &str, mut e: ReplayError) -> CliError {
+    e.trace = spec.to_string();
+    CliError::failure(format!("replaying {e}"))
+}
+
+/// A synthetic trace by name, else the trace file at `spec`; a malformed
+/// or over-limit trace is a usage error naming the file, line and value.
 pub fn load_trace(spec: &str) -> Result<Trace, CliError> {
     if let Some(t) = Trace::synthetic(spec) {
         return Ok(t);
@@ -137,9 +145,11 @@ pub fn threads_cmd(opts: &DeviceOpts, threads: &[usize], ops: u64) -> Result<(),
     let kind = backend_kind(opts)?;
     let config = allocator_config(opts)?;
     for &t in threads {
-        if t == 0 || t > 256 {
+        // clap bounds the count; checked again for a direct caller
+        if !(1..=cachalot::MAX_BENCH_THREADS).contains(&t) {
             return Err(CliError::usage(format!(
-                "thread count {t} is outside 1..=256"
+                "--threads: thread count {t} is outside 1..={}",
+                cachalot::MAX_BENCH_THREADS
             )));
         }
         let dev = open_device(kind, config.clone())?;
@@ -169,7 +179,7 @@ pub fn replay_cmd(
         .collect::<Result<Vec<_>, _>>()?;
     let passes = passes.max(1);
     let stdout = std::io::stdout();
-    for trace in &loaded {
+    for (spec, trace) in traces.iter().zip(&loaded) {
         let dev = open_device(kind, config.clone())?;
         if snapshot.is_some() {
             dev.record_memory_history(Some(HistoryConfig::default()));
@@ -193,7 +203,7 @@ pub fn replay_cmd(
                     b.inc(1);
                 }
             })
-            .map_err(failure(&format!("replaying {}", trace.name)))?;
+            .map_err(|e| replay_failure(spec, e))?;
         if let Some(b) = bar {
             b.finish_and_clear();
         }
@@ -225,31 +235,46 @@ pub fn replay_cmd(
     Ok(())
 }
 
-/// Runs every operation of `trace` once on `dev` (trace stream `i` on stream
-/// slot `i mod 16`), leaving the blocks live at the end of the trace
-/// allocated; `after_op(op_index, stream_index, op)` runs after each one.
-/// Returns the live allocations (address per id; 0 when not live).
+/// Runs every operation of `trace` (given as `spec`) once on `dev`, the
+/// trace's dense stream `i` on stream slot `i` (one stream each, never
+/// folded), leaving the blocks live at the end of the trace allocated;
+/// `after_op(op_index, op, address)` runs after each one. Returns the live
+/// allocations (address per dense id; 0 when not live). A failing operation
+/// is named by its line and text.
 pub fn run_ops(
     dev: &DeviceAllocator,
     trace: &Trace,
+    spec: &str,
     mut after_op: impl FnMut(usize, &Op, u64),
 ) -> Result<Vec<u64>, CliError> {
-    let n = trace.num_streams.clamp(1, cachalot::MAX_REPLAY_STREAMS) as usize;
-    let streams: Vec<Stream> = dev.streams(n).map_err(failure("creating streams"))?;
+    let n = trace.num_streams.max(1);
+    if n > cachalot::MAX_REPLAY_STREAMS {
+        return Err(CliError::usage(format!(
+            "{spec}: the trace uses {n} streams, more than {}",
+            cachalot::MAX_REPLAY_STREAMS
+        )));
+    }
+    let streams: Vec<Stream> = dev
+        .streams(n as usize)
+        .map_err(|e| replay_failure(spec, ReplayError::whole(trace, e)))?;
     let mut ptr = vec![0u64; trace.num_ids];
+    let at = |i: usize, e: Error| replay_failure(spec, ReplayError::at(trace, i, e));
+    let range =
+        |i: usize, what: &str| at(i, Error::InvalidArgument(format!("{what} out of range")));
     for (i, op) in trace.ops.iter().enumerate() {
         let addr = match *op {
             Op::Alloc { id, size, stream } => {
-                let p = dev
-                    .raw_alloc(size, streams[stream as usize % n])
-                    .map_err(failure(&format!("{}: op {i}", trace.name)))?;
-                ptr[id as usize] = p;
-                p
+                let s = *streams
+                    .get(stream as usize)
+                    .ok_or_else(|| range(i, "stream index"))?;
+                let slot = ptr.get_mut(id as usize).ok_or_else(|| range(i, "id"))?;
+                *slot = dev.raw_alloc(size, s).map_err(|e| at(i, e))?;
+                *slot
             }
             Op::Free { id } => {
-                let p = std::mem::take(&mut ptr[id as usize]);
-                dev.raw_free(p)
-                    .map_err(failure(&format!("{}: op {i}", trace.name)))?;
+                let slot = ptr.get_mut(id as usize).ok_or_else(|| range(i, "id"))?;
+                let p = std::mem::take(slot);
+                dev.raw_free(p).map_err(|e| at(i, e))?;
                 p
             }
         };
@@ -273,9 +298,10 @@ pub fn free_all(dev: &DeviceAllocator, live: Vec<u64>) -> Result<(), CliError> {
 pub fn summary_cmd(trace: &str, opts: &DeviceOpts, abbreviated: bool) -> Result<(), CliError> {
     let kind = backend_kind(opts)?;
     let config = allocator_config(opts)?;
-    let trace = load_trace(trace)?;
+    let spec = trace;
+    let trace = load_trace(spec)?;
     let dev = open_device(kind, config)?;
-    let live = run_ops(&dev, &trace, |_, _, _| {})?;
+    let live = run_ops(&dev, &trace, spec, |_, _, _| {})?;
     let table = dev.memory_summary(abbreviated);
     free_all(&dev, live)?;
     crate::print_out(&table)

@@ -478,3 +478,256 @@ fn closed_stdout_is_not_a_panic() {
     assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
 }
+
+/// Writes `text` as the trace file `name` in the temp dir; returns its path.
+fn write_trace(name: &str, text: &str) -> String {
+    let p = tmp_dir().join(name);
+    std::fs::write(&p, text).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+/// Runs `args`, asserting it does not run away (the hostile inputs used to
+/// take minutes and gigabytes; a generous bound, not a timing test: these
+/// runs take milliseconds).
+fn run_quick(args: &[&str]) -> Output {
+    let t0 = std::time::Instant::now();
+    let o = run(args);
+    let took = t0.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(60),
+        "{args:?} took {took:?}"
+    );
+    assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+    o
+}
+
+/// The trace subcommands on `path`.
+fn trace_commands(path: &str) -> Vec<Vec<String>> {
+    let svg = tmp_dir().join("hostile.svg");
+    [
+        vec!["replay", path, "--backend", "mock"],
+        vec!["summary", path, "--backend", "mock"],
+        vec![
+            "plot",
+            path,
+            "--backend",
+            "mock",
+            "-o",
+            svg.to_str().unwrap(),
+        ],
+    ]
+    .iter()
+    .map(|v| v.iter().map(|s| s.to_string()).collect())
+    .collect()
+}
+
+fn run_strings(args: &[String]) -> Output {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    run_quick(&args)
+}
+
+/// Malformed traces and traces breaking the format's rules: exit 2 within a
+/// second from every trace subcommand, the message naming the file, the
+/// line and the value.
+#[test]
+fn hostile_traces_are_usage_errors_naming_line_and_value() {
+    let streams_1025: String = (0..1025u64)
+        .map(|i| format!("a {i} 512 {}\n", i * 1_000_003))
+        .collect();
+    let cases: [(&str, &str, &[&str]); 8] = [
+        ("bigfree.trace", "f 4000000000\n", &[":1:", "4000000000"]),
+        ("unknown.trace", "a 0 10 0\nf 7\n", &[":2:", "id 7"]),
+        (
+            "double.trace",
+            "a 0 10 0\nf 0\nf 0\n",
+            &[":3:", "id 0 freed twice", "line 2"],
+        ),
+        ("twice.trace", "a 9 10 0\na 9 10 0\n", &[":2:", "id 9"]),
+        ("empty.trace", "", &["no operations"]),
+        ("comments.trace", "# nothing\n\n", &["no operations"]),
+        ("badnum.trace", "a 0 12x 0\n", &[":1:", "'12x'"]),
+        (
+            "streams1025.trace",
+            &streams_1025,
+            &[":1025:", "1024", "stream 1024003072"],
+        ),
+    ];
+    for (name, text, needles) in cases {
+        let path = write_trace(name, text);
+        for cmd in trace_commands(&path) {
+            let o = run_strings(&cmd);
+            assert_usage_error(&o, name);
+            for n in needles {
+                assert!(
+                    stderr(&o).contains(n),
+                    "{cmd:?}: '{n}' not in {}",
+                    stderr(&o)
+                );
+            }
+        }
+    }
+}
+
+/// Ids and stream numbers of any size are renumbered, not used as table
+/// indices: these replay at once (they used to abort on a 32 GiB or 16 GiB
+/// table, or take minutes).
+#[test]
+fn huge_ids_and_stream_numbers_replay_at_once() {
+    for (name, text) in [
+        ("bigid.trace", "a 4294967295 100 0\n"),
+        (
+            "bigid64.trace",
+            "a 18446744073709551615 100 0\nf 18446744073709551615\n",
+        ),
+        ("bigstream.trace", "a 0 100 4000000000\n"),
+        (
+            "bigstream64.trace",
+            "a 0 100 18446744073709551615\na 1 100 0\n",
+        ),
+    ] {
+        let path = write_trace(name, text);
+        for cmd in trace_commands(&path) {
+            let o = run_strings(&cmd);
+            assert_eq!(o.status.code(), Some(0), "{cmd:?}: {}", stderr(&o));
+        }
+        let o = run_quick(&["replay", &path, "--backend", "mock", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+        assert_eq!(v["ops"], text.lines().count(), "{name}");
+    }
+}
+
+/// A trace with 17 streams (numbers far apart) runs on 17 device streams:
+/// one segment per stream in the snapshot, none folded onto `i mod 16`.
+#[test]
+fn streams_are_never_folded() {
+    let text: String = (0..17u64)
+        .map(|i| format!("a {i} 3145728 {}\n", i * 1000))
+        .collect();
+    let path = write_trace("streams17.trace", &text);
+    let snap = tmp_dir().join("streams17.json");
+    let o = run_quick(&[
+        "replay",
+        &path,
+        "--backend",
+        "mock",
+        "--passes",
+        "1",
+        "--snapshot",
+        snap.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&snap).unwrap()).unwrap();
+    let streams: std::collections::BTreeSet<i64> = v["segments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["stream"].as_i64().unwrap())
+        .collect();
+    assert_eq!(streams.len(), 17, "{streams:?}");
+}
+
+/// A trace the allocator cannot serve: exit 1 (a failure while running),
+/// naming the file, line and operation.
+#[test]
+fn allocator_failures_exit_1_naming_the_line() {
+    let path = write_trace(
+        "hugesize.trace",
+        "a 0 512 0\n# big\na 1 18446744073709551615 0\n",
+    );
+    for cmd in trace_commands(&path) {
+        let o = run_strings(&cmd);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{cmd:?}: {err}");
+        assert!(
+            err.contains("hugesize.trace:3: 'a 1 18446744073709551615 0'"),
+            "{cmd:?}: {err}"
+        );
+    }
+}
+
+/// Numeric arguments out of range: exit 2 at once, naming the argument
+/// and the value; never an abort, a huge allocation or an endless run.
+#[test]
+fn bad_numeric_arguments_are_usage_errors() {
+    let svg = tmp_dir().join("args.svg");
+    let svg = svg.to_str().unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["replay", "hit_1mib", "--backend", "mock", "--passes", "0"],
+            "'0'",
+        ),
+        (
+            &[
+                "replay",
+                "hit_1mib",
+                "--backend",
+                "mock",
+                "--passes",
+                "10001",
+            ],
+            "10001",
+        ),
+        (
+            &["replay", "hit_1mib", "--passes", "18446744073709551615"],
+            "18446744073709551615",
+        ),
+        (&["replay", "hit_1mib", "--passes", "-1"], "-1"),
+        (&["threads", "--backend", "mock", "--threads", "0"], "'0'"),
+        (
+            &["threads", "--backend", "mock", "--threads", "1,100000"],
+            "100000",
+        ),
+        (&["threads", "--backend", "mock", "--ops", "0"], "'0'"),
+        (
+            &[
+                "threads",
+                "--backend",
+                "mock",
+                "--ops",
+                "18446744073709551615",
+            ],
+            "18446744073709551615",
+        ),
+        (&["threads", "--ops", "1e9"], "1e9"),
+        (
+            &["plot", "hit_1mib", "-o", svg, "--width", "4294967295"],
+            "4294967295",
+        ),
+        (
+            &["plot", "hit_1mib", "-o", svg, "--height", "99999"],
+            "99999",
+        ),
+        (&["plot", "hit_1mib", "-o", svg, "--width", "5"], "'5'"),
+        (&["capture-sim", "--streams", "1"], "'1'"),
+        (&["capture-sim", "--streams", "4294967295"], "4294967295"),
+        (&["capture-sim", "--ops", "0"], "'0'"),
+        (&["capture-sim", "--ops", "4294967295"], "4294967295"),
+        (
+            &["capture-sim", "--timing-runs", "4000000000"],
+            "4000000000",
+        ),
+        (&["capture-sim", "--p-join", "NaN"], "NaN"),
+        (&["capture-sim", "--p-alloc", "7"], "7"),
+    ];
+    for (args, needle) in cases {
+        let o = run_quick(args);
+        assert_usage_error(&o, needle);
+    }
+}
+
+#[test]
+fn help_documents_exit_codes_and_limits() {
+    let o = run(&["--help"]);
+    assert_eq!(o.status.code(), Some(0));
+    let out = stdout(&o);
+    for needle in [
+        "Exit status:",
+        "0  success",
+        "1  a failure while running",
+        "2  bad input",
+        "1024 distinct streams",
+    ] {
+        assert!(out.contains(needle), "'{needle}' not in --help:\n{out}");
+    }
+}

@@ -6,7 +6,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use cachalot_core::engine::{HistoryConfig, ObserverId, OomObserver, Snapshot, TraceEntry};
-use cachalot_core::replay::{ReplayReport, ThreadsReport, Trace};
+use cachalot_core::replay::{MAX_TRACE_STREAMS, ReplayError, ReplayReport, ThreadsReport, Trace};
 use cachalot_core::{
     AllocatorConfig, Backend, CachingAllocator, DeviceIndex, DeviceStats, Error, MemoryInfo,
     OomReport,
@@ -18,8 +18,14 @@ use crate::backend::{BackendKind, FacadeBackend, MockSettings};
 use crate::buffer::DeviceBuffer;
 use crate::summary;
 
-/// Most streams [`DeviceAllocator::replay`] creates for one trace.
-pub const MAX_REPLAY_STREAMS: u32 = 16;
+/// Most streams [`DeviceAllocator::replay`] creates for one trace: the most
+/// distinct streams a parsed trace may use
+/// ([`cachalot_core::replay::MAX_TRACE_STREAMS`]). A trace using more is an
+/// error, never folded onto fewer streams.
+pub const MAX_REPLAY_STREAMS: u32 = MAX_TRACE_STREAMS;
+
+/// Most threads [`DeviceAllocator::threads_bench`] runs (each on a new stream).
+pub const MAX_BENCH_THREADS: usize = 256;
 
 /// A backend-neutral stream handle: a device index and the stream's slot in
 /// that device's stream table (slot 0 is the backend's default stream).
@@ -127,11 +133,12 @@ impl<B: FacadeBackend> Engine<B> {
         passes: usize,
         slots: &[u32],
         progress: &mut dyn FnMut(usize),
-    ) -> Result<ReplayReport, Error> {
+    ) -> Result<ReplayReport, ReplayError> {
         let streams = slots
             .iter()
             .map(|&s| self.stream(s))
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ReplayError::whole(trace, e))?;
         cachalot_core::replay::replay(&self.alloc, &streams, trace, passes, progress)
     }
 
@@ -491,26 +498,44 @@ impl DeviceAllocator {
     }
 
     /// Replays `trace` `passes` times as PyTorch's `cca_replay` does (see
-    /// [`cachalot_core::replay::replay`]), trace stream `i` on stream slot
-    /// `i mod 16` (streams are created as needed). `progress` is called
-    /// after each pass.
+    /// [`cachalot_core::replay::replay`]), the trace's dense stream `i` on
+    /// stream slot `i` (streams are created as needed, one per stream the
+    /// trace uses). `progress` is called after each pass. A trace using more
+    /// than [`MAX_REPLAY_STREAMS`] streams is an error; so is a failed
+    /// operation, named by its index, line and text.
     pub fn replay(
         &self,
         trace: &Trace,
         passes: usize,
         mut progress: impl FnMut(usize),
-    ) -> Result<ReplayReport, Error> {
-        let n = trace.num_streams.clamp(1, MAX_REPLAY_STREAMS) as usize;
-        let streams = self.streams(n)?;
+    ) -> Result<ReplayReport, ReplayError> {
+        let n = trace.num_streams.max(1);
+        if n > MAX_REPLAY_STREAMS {
+            return Err(ReplayError::whole(
+                trace,
+                Error::InvalidArgument(format!(
+                    "the trace uses {n} streams, more than the {MAX_REPLAY_STREAMS} a replay creates"
+                )),
+            ));
+        }
+        let streams = self
+            .streams(n as usize)
+            .map_err(|e| ReplayError::whole(trace, e))?;
         let slots: Vec<u32> = streams.iter().map(|s| s.slot).collect();
         dispatch!(&self.inner, e => e.replay(trace, passes, &slots, &mut progress))
     }
 
     /// The multi-thread benchmark of `cca_threads.cpp` (see
     /// [`cachalot_core::replay::threads_bench`]): `threads` threads, each on
-    /// its own new stream, `ops` timed operations each.
+    /// its own new stream, `ops` timed operations each; `threads` must be
+    /// in `1..=MAX_BENCH_THREADS`.
     pub fn threads_bench(&self, threads: usize, ops: u64) -> Result<ThreadsReport, Error> {
-        let slots = (0..threads.max(1))
+        if !(1..=MAX_BENCH_THREADS).contains(&threads) {
+            return Err(Error::InvalidArgument(format!(
+                "thread count {threads} is outside 1..={MAX_BENCH_THREADS}"
+            )));
+        }
+        let slots = (0..threads)
             .map(|_| self.new_stream().map(|s| s.slot))
             .collect::<Result<Vec<u32>, _>>()?;
         dispatch!(&self.inner, e => e.threads_bench(&slots, ops))
@@ -548,5 +573,42 @@ mod tests {
         );
         assert_eq!(dev.memory_stats().len(), 122);
         dev.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn replay_creates_one_stream_per_trace_stream() {
+        let dev = DeviceAllocator::with_mock(
+            MockSettings::default().backend(0),
+            Some(AllocatorConfig::default()),
+        )
+        .unwrap();
+        // 40 streams with far-apart numbers: 40 streams, none folded
+        let text: String = (0..40u64)
+            .map(|i| format!("a {i} 4096 {}\n", i * 100_000_000))
+            .collect();
+        let trace = Trace::parse("t", &text).unwrap();
+        assert_eq!(trace.num_streams, 40);
+        dev.replay(&trace, 1, |_| {}).unwrap();
+        assert_eq!(dispatch!(&dev.inner, e => e.stream_count()), 40);
+        // a hand-built trace above the limit is an error, not a fold
+        let mut big = trace.clone();
+        big.num_streams = MAX_REPLAY_STREAMS + 1;
+        let e = dev.replay(&big, 1, |_| {}).unwrap_err();
+        assert!(matches!(*e.source, Error::InvalidArgument(_)), "{e}");
+        assert_eq!(dispatch!(&dev.inner, e => e.stream_count()), 40);
+    }
+
+    #[test]
+    fn threads_bench_bounds_the_thread_count() {
+        let dev = DeviceAllocator::with_mock(
+            MockSettings::default().backend(0),
+            Some(AllocatorConfig::default()),
+        )
+        .unwrap();
+        for t in [0, MAX_BENCH_THREADS + 1, usize::MAX] {
+            let e = dev.threads_bench(t, 10).unwrap_err();
+            assert!(e.to_string().contains(&t.to_string()), "{e}");
+        }
+        assert_eq!(dev.threads_bench(2, 10).unwrap().threads, 2);
     }
 }

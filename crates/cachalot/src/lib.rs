@@ -58,7 +58,7 @@ pub use backend::{
     MOCK_DEVICES_ENV, MOCK_MEMORY_ENV, MockSettings,
 };
 pub use buffer::DeviceBuffer;
-pub use device::{DeviceAllocator, MAX_REPLAY_STREAMS, Stream};
+pub use device::{DeviceAllocator, MAX_BENCH_THREADS, MAX_REPLAY_STREAMS, Stream};
 pub use global::{
     add_oom_observer, allocator, backend_kind, init, initialized_allocators, try_allocator,
 };
@@ -69,7 +69,9 @@ pub use cachalot_core::engine::{
     BlockSnapshot, BlockState, HistoryConfig, ObserverId, SegmentSnapshot, Snapshot, TraceAction,
     TraceEntry,
 };
-pub use cachalot_core::replay::{ReplayReport, Trace, TraceError};
+pub use cachalot_core::replay::{
+    ParseErrorKind, ReplayError, ReplayReport, Trace, TraceError, TraceLimits,
+};
 pub use cachalot_core::{
     AllocatorConfig, ConfigError, DeviceIndex, DeviceStats, Error, MemoryInfo, OomReport, Result,
 };
