@@ -124,6 +124,9 @@ impl Harness for MockHarness {
             .use_memory(stream, addr, len, u64::from(value))
             .expect("use");
     }
+    fn can_read(&self) -> bool {
+        true
+    }
     /// The tags last written over the range, one byte each (0 where nothing
     /// was written since the segment was allocated; `fill` writes values
     /// from 1).

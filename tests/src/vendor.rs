@@ -47,9 +47,6 @@ pub mod hip {
         fn read(&self, _b: &HipBackend, _a: u64, _l: u64) -> Option<Vec<u8>> {
             None
         }
-        fn can_read(&self) -> bool {
-            false
-        }
     }
 }
 
@@ -96,9 +93,6 @@ pub mod level_zero {
         fn fill(&self, _b: &LevelZeroBackend, _a: u64, _l: u64, _v: u8, _s: ZeStream) {}
         fn read(&self, _b: &LevelZeroBackend, _a: u64, _l: u64) -> Option<Vec<u8>> {
             None
-        }
-        fn can_read(&self) -> bool {
-            false
         }
     }
 }

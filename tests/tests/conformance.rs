@@ -88,6 +88,9 @@ impl Harness for Faulty {
             let _ = b.use_memory(s, addr - 512, 512, 0xEE);
         }
     }
+    fn can_read(&self) -> bool {
+        true
+    }
     fn read(&self, b: &Self::B, addr: u64, len: u64) -> Option<Vec<u8>> {
         if self.scribble {
             MockHarness.read(b, addr, len)
