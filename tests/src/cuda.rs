@@ -53,6 +53,9 @@ impl Harness for CudaHarness {
             .memset_d8_async(addr, value, len, stream)
             .expect("memset");
     }
+    fn can_read(&self) -> bool {
+        true
+    }
     fn read(&self, backend: &CudaBackend, addr: u64, len: u64) -> Option<Vec<u8>> {
         backend.synchronize_device().expect("sync");
         let mut v = vec![0u8; len as usize];

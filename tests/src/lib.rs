@@ -66,8 +66,8 @@ pub trait Harness: Sized {
         backend.destroy_event(e).expect("destroy");
         !done
     }
-    /// Writes `value` into `len` bytes at `addr` on `stream` (no-op on the mock
-    /// except for recording the use).
+    /// Writes `value` into `len` bytes at `addr` on `stream` (on the mock: a
+    /// use tagged `value`, which the mock remembers as the range's contents).
     fn fill(
         &self,
         backend: &Self::B,
@@ -76,8 +76,16 @@ pub trait Harness: Sized {
         value: u8,
         stream: <Self::B as Backend>::Stream,
     );
-    /// Reads back `len` bytes at `addr` after synchronizing (None on the mock).
+    /// Reads back `len` bytes at `addr` after synchronizing; `None` when the
+    /// harness cannot read device memory (the data checks are then skipped,
+    /// unless [`Harness::can_read`] says it can).
     fn read(&self, backend: &Self::B, addr: u64, len: u64) -> Option<Vec<u8>>;
+    /// Whether [`Harness::read`] returns the memory's contents (the mock's
+    /// and CUDA's do). When true, a `None` from `read` fails the suite
+    /// instead of silently skipping the data checks.
+    fn can_read(&self) -> bool {
+        false
+    }
 
     /// An allocator over a fresh backend.
     fn allocator(&self, config: &str) -> CachingAllocator<Self::B> {

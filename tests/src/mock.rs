@@ -124,7 +124,19 @@ impl Harness for MockHarness {
             .use_memory(stream, addr, len, u64::from(value))
             .expect("use");
     }
-    fn read(&self, _backend: &MockBackend, _addr: u64, _len: u64) -> Option<Vec<u8>> {
-        None
+    fn can_read(&self) -> bool {
+        true
+    }
+    /// The tags last written over the range, one byte each (0 where nothing
+    /// was written since the segment was allocated; `fill` writes values
+    /// from 1).
+    fn read(&self, backend: &MockBackend, addr: u64, len: u64) -> Option<Vec<u8>> {
+        backend.synchronize_device().expect("sync");
+        let mut out = Vec::with_capacity(len as usize);
+        for (start, end, tag) in backend.read_tags(addr, len).expect("read") {
+            let byte = tag.map_or(0, |t| u8::try_from(t).expect("fill writes byte tags"));
+            out.resize(out.len() + (end - start) as usize, byte);
+        }
+        Some(out)
     }
 }

@@ -92,12 +92,22 @@ pub fn data_survives_reuse<H: Harness>(h: &H) {
             h.fill(b, p, n, round * 16 + i as u8 + 1, s);
         }
         for (i, (&p, &n)) in ptrs.iter().zip(&sizes).enumerate() {
-            if let Some(bytes) = h.read(b, p, n) {
-                let want = round * 16 + i as u8 + 1;
-                assert!(
-                    bytes.iter().all(|&x| x == want),
-                    "block {i} of round {round} corrupted"
-                );
+            match h.read(b, p, n) {
+                Some(bytes) => {
+                    let want = round * 16 + i as u8 + 1;
+                    assert_eq!(bytes.len() as u64, n, "read of block {i} of round {round}");
+                    if let Some(at) = bytes.iter().position(|&x| x != want) {
+                        panic!(
+                            "block {i} of round {round} corrupted: byte {at} is {}, not {want}",
+                            bytes[at]
+                        );
+                    }
+                }
+                None => assert!(
+                    !h.can_read(),
+                    "{} reads memory but returned nothing for block {i}",
+                    h.name()
+                ),
             }
         }
         // free in a scrambled order so the next round reuses split blocks

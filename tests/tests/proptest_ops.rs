@@ -3,10 +3,37 @@
 //! memory fraction, injected device failures, bad pointers) with the
 //! invariant checker after every operation and the mock's race checker
 //! proving that no memory is handed out while another stream may still use it.
+//! Work completes when the operations say so, or late on its own
+//! (`Completion::Random`, a second property).
+//!
+//! Every allocation result is checked against a model of when each error
+//! may happen:
+//!
+//! * `Backend` only when an injected backend failure fired during the call
+//!   (and then always, with its code);
+//! * `OutOfMemory`/`NeverFits` only when an injected OOM fired, or when even
+//!   after the full cache flush of the OOM ladder the new segment does not
+//!   fit: the device's live bytes after the call (what the flush left) plus
+//!   the segment size exceed the capacity or the memory-fraction cap.
+//!   Whenever the segment would have fit, the allocation must succeed;
+//! * `NeverFits` exactly when the segment exceeds the cap itself;
+//! * after any OOM every segment left on the device holds a live allocation
+//!   (the flush released the others);
+//! * an OOM is stable: after one that no injection caused, retrying the same
+//!   request at once (nothing changed; the ladder already synchronised every
+//!   event and released every whole free segment) fails again; a success
+//!   means the first attempt missed a block it could have used (as without
+//!   the re-search of PyTorch #189504). Skipped with `idle_stream_reuse`,
+//!   where the first attempt's synchronisation can make a stream idle and so
+//!   legitimately lets the retry take its cached segment.
+//!
+//! `regressions` replays shrunk cases that catch dropping the #189504
+//! re-search or the flush deterministically.
 
 use cachalot_conformance::mock::{GIB, MIB};
+use cachalot_core::engine::rounding::{allocation_size, round_size};
 use cachalot_core::{AllocatorConfig, Backend, CachingAllocator, Error};
-use cachalot_mock::{MallocFailure, MockBackend, MockConfig, MockStream};
+use cachalot_mock::{Completion, Failure, MockBackend, MockCall, MockConfig, MockStream};
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
@@ -64,6 +91,103 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// What the model knows about injected `malloc` failures: the one pending
+/// (injecting again before it fires replaces it, as the mock does).
+#[derive(Default)]
+struct Injection {
+    pending: Option<Failure>,
+    seen: u64,
+}
+
+impl Injection {
+    /// The failure that fired since the last call, if one did.
+    fn fired(&mut self, m: &MockBackend) -> Result<Option<Failure>, TestCaseError> {
+        let now = m.counters().injected;
+        let fired = match now - self.seen {
+            0 => None,
+            1 => {
+                let f = self.pending.take();
+                prop_assert!(f.is_some(), "a failure fired that the model did not inject");
+                f
+            }
+            n => {
+                return Err(TestCaseError::fail(format!(
+                    "{n} injected failures fired at once"
+                )));
+            }
+        };
+        self.seen = now;
+        prop_assert_eq!(
+            m.pending_failures(MockCall::Malloc),
+            usize::from(self.pending.is_some()),
+            "pending injected failures"
+        );
+        Ok(fired)
+    }
+}
+
+/// Checks the result of `allocate(size)` against the model (see the module
+/// documentation); `fired` is the injected failure that fired during it.
+fn check_alloc(
+    m: &MockBackend,
+    a: &CachingAllocator<MockBackend>,
+    size: u64,
+    fraction: f64,
+    r: &Result<u64, Error>,
+    fired: Option<Failure>,
+) -> Result<(), TestCaseError> {
+    let config = a.config();
+    let seg = allocation_size(round_size(size, &config), &config);
+    let total = m.capacity();
+    let cap = if fraction < 1.0 {
+        (fraction * total as f64) as u64
+    } else {
+        total
+    };
+    let live = m.live_bytes();
+    if let Some(Failure::Backend(code)) = fired {
+        return match r {
+            Err(Error::Backend(e)) if e.code == code => Ok(()),
+            other => Err(TestCaseError::fail(format!(
+                "an injected backend failure (code {code}) fired, but allocate gave {other:?}"
+            ))),
+        };
+    }
+    match r {
+        Ok(0) => prop_assert_eq!(size, 0),
+        Ok(_) => prop_assert!(size > 0),
+        Err(e @ (Error::OutOfMemory(_) | Error::NeverFits { .. })) => {
+            prop_assert!(size > 0);
+            let never = matches!(e, Error::NeverFits { .. });
+            prop_assert_eq!(
+                never,
+                seg > cap,
+                "NeverFits exactly when the {} B segment exceeds the cap {}: {}",
+                seg,
+                cap,
+                e
+            );
+            prop_assert!(
+                fired == Some(Failure::OutOfMemory) || live + seg > cap,
+                "OOM for {} B (segment {} B) with {} B live of cap {}: the segment fits \
+                 after the flush and no failure was injected: {}",
+                size,
+                seg,
+                live,
+                cap,
+                e
+            );
+        }
+        Err(Error::Backend(e)) => {
+            return Err(TestCaseError::fail(format!(
+                "backend error without an injected backend failure: {e}"
+            )));
+        }
+        Err(e) => return Err(TestCaseError::fail(format!("unexpected error {e}"))),
+    }
+    Ok(())
+}
+
 struct Live {
     addr: u64,
     size: u64,
@@ -71,19 +195,48 @@ struct Live {
     streams: Vec<MockStream>,
 }
 
-fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
-    let m: MockBackend = MockConfig::new(GIB).auto_complete(false).build();
+fn run(ops: Vec<Op>, completion: Completion) -> Result<(), TestCaseError> {
+    let m: MockBackend = MockConfig::new(GIB).completion(completion).build();
     let a = CachingAllocator::with_config(m.clone(), AllocatorConfig::default()).unwrap();
     let streams = [m.default_stream(), m.create_stream(), m.create_stream()];
     let mut live: Vec<Live> = Vec::new();
     let mut freed: Vec<u64> = Vec::new();
     let mut next_tag = 1u64;
+    let mut inj = Injection::default();
+    let mut fraction = 1.0f64;
     for op in ops {
         match op {
             Op::Alloc { size, stream } => {
                 let s = streams[stream];
-                match a.allocate(size, s) {
-                    Ok(0) => prop_assert_eq!(size, 0),
+                let r = a.allocate(size, s);
+                let fired = inj.fired(&m)?;
+                check_alloc(&m, &a, size, fraction, &r, fired)?;
+                let oom = matches!(r, Err(Error::OutOfMemory(_) | Error::NeverFits { .. }));
+                if oom {
+                    // the ladder's last rung synchronised every event and
+                    // released every whole free segment
+                    for (base, len) in m.live_segments() {
+                        prop_assert!(
+                            live.iter().any(|l| l.addr >= base && l.addr < base + len),
+                            "segment {:#x} (+{}) has no live allocation after the OOM flush",
+                            base,
+                            len
+                        );
+                    }
+                }
+                if oom && fired.is_none() && inj.pending.is_none() && !a.config().idle_stream_reuse
+                {
+                    let again = a.allocate(size, s);
+                    prop_assert!(inj.fired(&m)?.is_none());
+                    prop_assert!(
+                        matches!(again, Err(Error::OutOfMemory(_) | Error::NeverFits { .. })),
+                        "OOM for {} B, then the same request at once gave {:?}",
+                        size,
+                        again.map(|p| format!("{p:#x}"))
+                    );
+                }
+                match r {
+                    Ok(0) => {}
                     Ok(addr) => {
                         // the kernel that fills the new block runs on its stream
                         m.use_memory(s, addr, size, next_tag).unwrap();
@@ -95,10 +248,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                         });
                         next_tag += 1;
                     }
-                    Err(Error::OutOfMemory(_))
-                    | Err(Error::NeverFits { .. })
-                    | Err(Error::Backend(_)) => {}
-                    Err(e) => return Err(TestCaseError::fail(format!("unexpected error {e}"))),
+                    Err(_) => {}
                 }
             }
             Op::Free { idx } if !live.is_empty() => {
@@ -150,17 +300,30 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::Complete { stream } => m.complete(streams[stream]).unwrap(),
             Op::CompleteAll => m.complete_all(),
             Op::EmptyCache => a.empty_cache().unwrap(),
-            Op::SetConfig { idx } => a.set_config(CONFIGS[idx]).unwrap(),
-            Op::Fraction { f } => a.set_memory_fraction(f).unwrap(),
+            Op::SetConfig { idx } => {
+                a.set_config(CONFIGS[idx]).unwrap();
+                // a new configuration brings its own fraction (1 by default)
+                fraction = a.config().per_process_memory_fraction;
+            }
+            Op::Fraction { f } => {
+                a.set_memory_fraction(f).unwrap();
+                fraction = f;
+            }
             Op::InjectFailure { backend_error } => {
                 let f = if backend_error {
-                    MallocFailure::Backend(999)
+                    Failure::Backend(999)
                 } else {
-                    MallocFailure::OutOfMemory
+                    Failure::OutOfMemory
                 };
-                m.fail_malloc_at_with(1, f);
+                m.fail_call_at_with(MockCall::Malloc, 1, f);
+                inj.pending = Some(f);
             }
         }
+        // only allocations call malloc
+        prop_assert!(
+            inj.fired(&m)?.is_none(),
+            "an injected failure fired outside allocate"
+        );
         if let Err(e) = a.check_invariants() {
             return Err(TestCaseError::fail(format!("invariant violated: {e}")));
         }
@@ -196,6 +359,107 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
     #[test]
     fn random_operations_keep_every_invariant(ops in proptest::collection::vec(op(), 1..200)) {
-        run(ops)?;
+        run(ops, Completion::Manual)?;
+    }
+
+    #[test]
+    fn random_operations_keep_every_invariant_under_late_completion(
+        seed in any::<u64>(),
+        max_delay_ops in 0u32..24,
+        ops in proptest::collection::vec(op(), 1..200),
+    ) {
+        run(ops, Completion::Random { seed, max_delay_ops })?;
+    }
+}
+
+/// Shrunk cases that catch known engine mistakes deterministically (random
+/// cases find them only now and then).
+mod regressions {
+    use super::*;
+    use Op::*;
+
+    /// Without the re-search after synchronising every event (PyTorch
+    /// #189504) the 1 MiB + 1 B request on stream 2 fails with OOM, and an
+    /// immediate retry succeeds from the block the synchronisation freed.
+    #[test]
+    fn oom_ladder_searches_again_after_synchronising() {
+        let ops = vec![
+            Alloc { size: 1, stream: 0 },
+            Alloc { size: 1, stream: 0 },
+            Alloc { size: 1, stream: 0 },
+            Free { idx: 0 },
+            Alloc { size: 1, stream: 0 },
+            Alloc {
+                size: 2097152,
+                stream: 0,
+            },
+            Free { idx: 12 },
+            Free { idx: 1 },
+            Alloc { size: 1, stream: 0 },
+            Alloc { size: 1, stream: 0 },
+            Free { idx: 1 },
+            FreeBad { idx: 0, offset: 0 },
+            Free { idx: 4 },
+            Fraction { f: 0.25 },
+            Alloc { size: 1, stream: 0 },
+            Free { idx: 1 },
+            Alloc {
+                size: 119537665,
+                stream: 2,
+            },
+            RecordStream { idx: 17, stream: 0 },
+            Alloc {
+                size: 88080385,
+                stream: 0,
+            },
+            Free { idx: 38 },
+            Alloc {
+                size: 1048577,
+                stream: 1,
+            },
+            Alloc {
+                size: 1048577,
+                stream: 2,
+            },
+            Alloc {
+                size: 1048577,
+                stream: 2,
+            },
+        ];
+        run(ops, Completion::Manual).unwrap();
+    }
+
+    /// Without releasing the cache before the last device call, the 78 MiB
+    /// request fails with OOM while a whole free segment stays cached.
+    #[test]
+    fn oom_ladder_releases_the_cache() {
+        let ops = vec![
+            Alloc {
+                size: 2097152,
+                stream: 0,
+            },
+            Alloc {
+                size: 1048577,
+                stream: 1,
+            },
+            SetConfig { idx: 1 },
+            Alloc {
+                size: 102760449,
+                stream: 0,
+            },
+            Alloc {
+                size: 142606337,
+                stream: 0,
+            },
+            Free { idx: 1 },
+            Free { idx: 1 },
+            Free { idx: 1 },
+            Fraction { f: 0.25 },
+            Alloc {
+                size: 81788929,
+                stream: 0,
+            },
+        ];
+        run(ops, Completion::Manual).unwrap();
     }
 }

@@ -2,13 +2,15 @@
 //! and recording its blocks on other streams, while another thread empties
 //! the cache, reconfigures and takes snapshots. Afterwards every invariant
 //! holds, nothing leaked, and the mock's race checker saw no unordered reuse.
+//! Work completes when the janitor says so, or late on its own
+//! (`Completion::Random`: after a seeded number of later device calls).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use cachalot_conformance::mock::GIB;
 use cachalot_core::{AllocatorConfig, Backend, CachingAllocator, Error};
-use cachalot_mock::MockConfig;
+use cachalot_mock::{Completion, MockConfig};
 
 fn assert_send_sync<T: Send + Sync>() {}
 
@@ -21,13 +23,31 @@ fn allocator_is_send_and_sync() {
 fn threads_hammer_one_allocator() {
     // work completes only when the janitor says so: frees with cross-stream
     // uses really wait for their events
-    let m = MockConfig::new(8 * GIB).auto_complete(false).build();
+    hammer(Completion::Manual);
+}
+
+#[test]
+fn threads_hammer_one_allocator_with_late_completion() {
+    // work completes on its own, up to 24 device calls after submission
+    // (calls of all threads interleave); the janitor completes nothing
+    hammer(Completion::Random {
+        seed: 0x5eed_1a7e,
+        max_delay_ops: 24,
+    });
+}
+
+fn hammer(completion: Completion) {
+    let m = MockConfig::new(8 * GIB).completion(completion).build();
+    let janitor_completes = completion == Completion::Manual;
     let a = Arc::new(CachingAllocator::with_config(m.clone(), AllocatorConfig::default()).unwrap());
     let streams: Vec<_> = (0..6).map(|_| m.create_stream()).collect();
     let stop = Arc::new(AtomicBool::new(false));
+    // allocations whose stream still had unfinished work right after its use
+    let pending_seen = Arc::new(AtomicUsize::new(0));
     let mut handles = Vec::new();
     for t in 0..6usize {
         let (a, m, streams) = (a.clone(), m.clone(), streams.clone());
+        let pending_seen = pending_seen.clone();
         handles.push(std::thread::spawn(move || {
             let mut x: u64 = 0x2545_F491_4F6C_DD1D ^ (t as u64 + 1);
             let mut live: Vec<u64> = Vec::new();
@@ -41,6 +61,9 @@ fn threads_hammer_one_allocator() {
                     match a.allocate(size, s) {
                         Ok(p) => {
                             m.use_memory(s, p, size, (t as u64) << 40 | i).unwrap();
+                            if m.pending(s).unwrap() > 0 {
+                                pending_seen.fetch_add(1, Ordering::Relaxed);
+                            }
                             if x.is_multiple_of(7) {
                                 // used on a neighbour stream too, ordered after s
                                 let other = streams[(t + 1) % streams.len()];
@@ -70,7 +93,9 @@ fn threads_hammer_one_allocator() {
         std::thread::spawn(move || {
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                m.complete_all();
+                if janitor_completes {
+                    m.complete_all();
+                }
                 a.empty_cache().unwrap();
                 let _ = a.snapshot();
                 let _ = a.memory_stats();
@@ -93,6 +118,11 @@ fn threads_hammer_one_allocator() {
     stop.store(true, Ordering::Relaxed);
     let rounds = janitor.join().expect("janitor");
     assert!(rounds > 0);
+    let pending_seen = pending_seen.load(Ordering::Relaxed);
+    assert!(
+        pending_seen > 1000,
+        "work must really be outstanding while blocks are reused ({pending_seen})"
+    );
     a.check_invariants().unwrap();
     m.complete_all();
     a.empty_cache().unwrap();

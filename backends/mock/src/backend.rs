@@ -12,12 +12,13 @@ use cachalot_core::{
 use parking_lot::Mutex;
 
 use crate::config::MockConfig;
+use crate::data::TagMap;
 use crate::graph::{GraphData, GraphNode, MockGraph, MockNode, NodeKind};
 use crate::shadow::{Access, PieceMap, Who};
 use crate::space::{AddressSpace, Placement};
 use crate::types::{
-    CaptureMode, MallocFailure, MemUse, MockCounters, MockEvent, MockStream, Race, Submitted,
-    UseSite, codes,
+    CaptureMode, Completion, Failure, MallocFailure, MemUse, MockCall, MockCounters, MockEvent,
+    MockStream, Race, Submitted, UseSite, codes,
 };
 
 const NAME: &str = "mock";
@@ -26,6 +27,23 @@ static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(1);
 
 fn err(call: &'static str, code: i64, message: impl Into<String>) -> BackendError {
     BackendError::new(NAME, call, code, message)
+}
+
+/// The initial generator state of a completion mode.
+fn seed_of(c: Completion) -> u64 {
+    match c {
+        Completion::Random { seed, .. } => seed,
+        _ => 0,
+    }
+}
+
+/// splitmix64: the next pseudo-random number of the sequence at `state`.
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 fn push_unique(v: &mut Vec<u32>, items: impl IntoIterator<Item = u32>) {
@@ -47,6 +65,9 @@ struct StreamState {
     epochs: VecDeque<(u64, Vec<u64>)>,
     capture: Option<u64>,
     terminals: Vec<u32>,
+    /// `(position, due clock)` of work that completes late
+    /// ([`Completion::Random`]), due clocks non-decreasing.
+    due: VecDeque<(u64, u64)>,
 }
 
 #[derive(Clone, Debug)]
@@ -76,7 +97,13 @@ struct CaptureState {
 struct State {
     instance: u64,
     placement: Placement,
-    auto_complete: bool,
+    completion: Completion,
+    /// State of the delay generator of [`Completion::Random`].
+    rng: u64,
+    /// The operation clock (see [`Completion::Random`]).
+    now: u64,
+    /// Smallest due clock of late work (`u64::MAX` when none).
+    next_due: u64,
     capture_mode: CaptureMode,
     race_checking: bool,
     capacity: u64,
@@ -95,13 +122,14 @@ struct State {
     next_use: u64,
     races: Vec<Race>,
     counters: MockCounters,
-    malloc_calls: u64,
-    malloc_failures: BTreeMap<u64, MallocFailure>,
-    event_calls: u64,
-    event_failures: BTreeSet<u64>,
-    free_calls: u64,
-    free_failures: BTreeSet<u64>,
-    /// The stack of `walk_ancestors`, kept between walks.
+    /// Calls of each [`MockCall`] so far.
+    calls: [u64; MockCall::COUNT],
+    /// One-shot injected failures of each call kind, by call number.
+    failures: [BTreeMap<u64, Failure>; MockCall::COUNT],
+    /// Failures injected into every call of a kind.
+    always: [Option<Failure>; MockCall::COUNT],
+    /// What eager work last wrote where.
+    data: TagMap,
     /// The stack of `mark_ancestors`, kept between walks.
     mark_stack: Vec<u32>,
 }
@@ -112,7 +140,10 @@ impl State {
         Self {
             instance: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
             placement: cfg.placement,
-            auto_complete: cfg.auto_complete,
+            completion: cfg.completion,
+            rng: seed_of(cfg.completion),
+            now: 0,
+            next_due: u64::MAX,
             capture_mode: cfg.capture_mode,
             race_checking: cfg.race_checking,
             capacity: cfg.total_memory,
@@ -131,12 +162,10 @@ impl State {
             next_use: 1,
             races: Vec::new(),
             counters: MockCounters::default(),
-            malloc_calls: 0,
-            malloc_failures: BTreeMap::new(),
-            event_calls: 0,
-            event_failures: BTreeSet::new(),
-            free_calls: 0,
-            free_failures: BTreeSet::new(),
+            calls: [0; MockCall::COUNT],
+            failures: std::array::from_fn(|_| BTreeMap::new()),
+            always: [None; MockCall::COUNT],
+            data: TagMap::default(),
             mark_stack: Vec::new(),
         }
     }
@@ -261,17 +290,6 @@ impl State {
     // ----- memory --------------------------------------------------------
 
     fn malloc(&mut self, size: u64) -> Result<u64, DeviceAllocError> {
-        self.malloc_calls += 1;
-        if let Some(f) = self.malloc_failures.remove(&self.malloc_calls) {
-            return Err(match f {
-                MallocFailure::OutOfMemory => DeviceAllocError::OutOfMemory,
-                MallocFailure::Backend(code) => DeviceAllocError::Backend(err(
-                    "malloc",
-                    code,
-                    format!("injected failure of allocation #{}", self.malloc_calls),
-                )),
-            });
-        }
         if size == 0 || !size.is_multiple_of(512) {
             return Err(DeviceAllocError::Backend(err(
                 "malloc",
@@ -293,14 +311,6 @@ impl State {
     }
 
     fn free(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
-        self.free_calls += 1;
-        if self.free_failures.remove(&self.free_calls) {
-            return Err(err(
-                "free",
-                codes::INJECTED,
-                format!("injected failure of free #{}", self.free_calls),
-            ));
-        }
         match self.segments.get(&addr) {
             None => {
                 let inside = self
@@ -333,6 +343,7 @@ impl State {
         self.space.release(addr, size);
         // cudaFree synchronises implicitly: uses of the old segment are over.
         self.shadow.remove_range(addr, addr + size);
+        self.data.clear(addr, addr + size);
         Ok(())
     }
 
@@ -364,6 +375,121 @@ impl State {
         }
     }
 
+    /// Advances the operation clock by one and completes the late work that
+    /// is due ([`Completion::Random`]).
+    fn tick(&mut self) {
+        self.now += 1;
+        if self.now >= self.next_due {
+            self.complete_due();
+        }
+    }
+
+    fn complete_due(&mut self) {
+        let now = self.now;
+        let mut next = u64::MAX;
+        for i in 0..self.streams.len() {
+            let st = &mut self.streams[i];
+            let mut upto = 0;
+            while let Some(&(pos, due)) = st.due.front() {
+                if pos > st.completed && due > now {
+                    break;
+                }
+                if pos > st.completed {
+                    upto = pos;
+                }
+                st.due.pop_front();
+            }
+            if upto > 0 {
+                self.complete_to(i, upto);
+            }
+            if let Some(&(_, due)) = self.streams[i].due.front() {
+                next = next.min(due);
+            }
+        }
+        self.next_due = next;
+    }
+
+    /// Sets the completion mode; pending late work stays pending.
+    fn set_completion(&mut self, completion: Completion) {
+        self.completion = completion;
+        self.rng = seed_of(completion);
+        for st in &mut self.streams {
+            st.due.clear();
+        }
+        self.next_due = u64::MAX;
+        if completion == Completion::Immediate {
+            self.complete_all();
+        }
+    }
+
+    // ----- calls and injected failures ------------------------------------
+
+    /// Counts one call of `call` (clock, per-kind and [`MockCounters`]) and
+    /// returns the failure to inject into it, if any.
+    fn enter(&mut self, call: MockCall) -> Option<Failure> {
+        self.tick();
+        let c = &mut self.counters;
+        let capturing = !self.captures.is_empty();
+        match call {
+            MockCall::Malloc => {
+                c.malloc += 1;
+                c.malloc_during_capture += u64::from(capturing);
+            }
+            MockCall::Free => {
+                c.free += 1;
+                c.free_during_capture += u64::from(capturing);
+            }
+            MockCall::MemoryInfo => c.memory_info += 1,
+            MockCall::CreateEvent => c.create_event += 1,
+            MockCall::DestroyEvent => c.destroy_event += 1,
+            MockCall::RecordEvent => c.record_event += 1,
+            MockCall::QueryEvent => c.query_event += 1,
+            MockCall::SynchronizeEvent => c.synchronize_event += 1,
+            MockCall::StreamWaitEvent => c.stream_wait_event += 1,
+            MockCall::SynchronizeDevice => c.synchronize_device += 1,
+            MockCall::CaptureState => c.capture_info += 1,
+            MockCall::ExtendNodeDependencies => c.node_dependencies += 1,
+            MockCall::MarkAncestors => {}
+            MockCall::AddEmptyNode => c.add_empty_node += 1,
+            MockCall::UpdateCaptureDependencies => c.update_capture_dependencies += 1,
+        }
+        let k = call.index();
+        self.calls[k] += 1;
+        let f = self.failures[k].remove(&self.calls[k]).or(self.always[k]);
+        if f.is_some() {
+            self.counters.injected += 1;
+        }
+        f
+    }
+
+    /// Counts a failed call of `call` (any reason).
+    fn failed(&mut self, call: MockCall) {
+        let c = &mut self.counters;
+        c.errors += 1;
+        match call {
+            MockCall::Malloc => c.malloc_failed += 1,
+            MockCall::Free => c.free_failed += 1,
+            MockCall::CreateEvent => c.create_event_failed += 1,
+            _ => {}
+        }
+    }
+
+    /// The error an injected `failure` of the current `call` returns.
+    fn injected_error(&self, call: MockCall, failure: Failure) -> BackendError {
+        let code = match failure {
+            Failure::Backend(code) => code,
+            Failure::OutOfMemory => codes::MEMORY_ALLOCATION,
+        };
+        err(
+            call.name(),
+            code,
+            format!(
+                "injected failure of {call} call #{}",
+                self.calls[call.index()]
+            ),
+        )
+    }
+
     fn complete_all(&mut self) {
         for i in 0..self.streams.len() {
             let p = self.streams[i].submitted;
@@ -378,6 +504,7 @@ impl State {
         kind: NodeKind,
         uses: Vec<MemUse>,
     ) -> Result<Submitted, BackendError> {
+        self.tick();
         self.counters.launches += 1;
         for u in &uses {
             self.check_use(call, u)?;
@@ -397,8 +524,23 @@ impl State {
                 self.check_eager_use(i, pos, u);
             }
         }
-        if self.auto_complete {
-            self.complete_to(i, pos);
+        for u in uses {
+            self.data.write(u.addr, u.addr + u.len, u.tag);
+        }
+        match self.completion {
+            Completion::Immediate => self.complete_to(i, pos),
+            Completion::Manual => {}
+            Completion::Random { max_delay_ops, .. } => {
+                let d = splitmix(&mut self.rng) % (u64::from(max_delay_ops) + 1);
+                let st = &mut self.streams[i];
+                let due = st
+                    .due
+                    .back()
+                    .map_or(0, |&(_, last)| last)
+                    .max(self.now + 1 + d);
+                st.due.push_back((pos, due));
+                self.next_due = self.next_due.min(due);
+            }
         }
         Submitted::Work {
             stream: MockStream(i as u32),
@@ -409,7 +551,7 @@ impl State {
     fn check_eager_use(&mut self, b: usize, pos: u64, u: &MemUse) {
         let id = self.next_use;
         self.next_use += 1;
-        let store = !self.auto_complete;
+        let store = self.completion != Completion::Immediate;
         let new = Access {
             who: Who::Work {
                 stream: b as u32,
@@ -499,14 +641,6 @@ impl State {
     // ----- events --------------------------------------------------------
 
     fn create_event(&mut self) -> Result<MockEvent, BackendError> {
-        self.event_calls += 1;
-        if self.event_failures.remove(&self.event_calls) {
-            return Err(err(
-                "create_event",
-                codes::INJECTED,
-                format!("injected failure of event creation #{}", self.event_calls),
-            ));
-        }
         let id = self.next_event;
         self.next_event += 1;
         self.events.insert(id, EventRecord::Never);
@@ -1131,6 +1265,25 @@ impl MockBackend {
         r
     }
 
+    /// Runs one call of the `Backend`/`GraphCapture` entry point `call`:
+    /// advances the clock, counts it, fails it if a failure was injected,
+    /// else runs `f`; counts a failure either way.
+    fn call<T>(
+        &self,
+        call: MockCall,
+        f: impl FnOnce(&mut State) -> Result<T, BackendError>,
+    ) -> Result<T, BackendError> {
+        let mut st = self.inner.lock();
+        let r = match st.enter(call) {
+            Some(failure) => Err(st.injected_error(call, failure)),
+            None => f(&mut st),
+        };
+        if r.is_err() {
+            st.failed(call);
+        }
+        r
+    }
+
     // ----- device and memory ---------------------------------------------
 
     /// The placement policy.
@@ -1181,51 +1334,152 @@ impl MockBackend {
         self.inner.lock().segments.len()
     }
 
+    // ----- simulated contents -----------------------------------------------
+
+    /// What `[addr, addr + len)` holds: the mock stores no bytes, only the
+    /// tag of the last eager use ([`Self::use_memory`], a graph launch) of
+    /// every byte, recorded when the work is submitted (work on one stream
+    /// runs in order; work of different streams that overlaps is a race the
+    /// race checker reports). Returns `(start, end, tag)` runs in address
+    /// order covering the range, `None` for bytes not written since their
+    /// segment was allocated (freeing a segment forgets its contents; uses
+    /// inside a capture write nothing until the graph is launched). The range
+    /// must lie inside one live segment, as for a use.
+    pub fn read_tags(
+        &self,
+        addr: u64,
+        len: u64,
+    ) -> Result<Vec<(u64, u64, Option<u64>)>, BackendError> {
+        self.with(|st| {
+            st.check_use("read_tags", &MemUse { addr, len, tag: 0 })?;
+            Ok(st.data.read(addr, addr + len))
+        })
+    }
+
+    /// The tag last written at byte `addr` (see [`Self::read_tags`]); `None`
+    /// when not written or not in a live segment.
+    pub fn tag_at(&self, addr: u64) -> Option<u64> {
+        let st = self.inner.lock();
+        st.check_use(
+            "tag_at",
+            &MemUse {
+                addr,
+                len: 1,
+                tag: 0,
+            },
+        )
+        .ok()?;
+        st.data.read(addr, addr + 1).first().and_then(|r| r.2)
+    }
+
     // ----- failure injection ----------------------------------------------
+    //
+    // Every fallible entry point the engine calls (each `MockCall`) can be
+    // made to fail. Calls are numbered per kind from 1 since the device was
+    // created (`call_count`); an injected failure fires when the call's
+    // number comes up, before the call does anything (no state changes: a
+    // failed `free` leaves the segment allocated, a failed `record_event`
+    // leaves the event as it was, ...) and returns a typed error:
+    // `malloc` a `DeviceAllocError` (`OutOfMemory` or `Backend`), every other
+    // call a `BackendError` whose `call` is `MockCall::name`. A failed call
+    // still counts in `counters()` (its call counter, `errors`, the
+    // `*_failed` counter where there is one, and `injected`) and advances the
+    // operation clock.
+    //
+    // A fault-injection matrix runs an operation once to learn how many
+    // calls of each kind it makes (`call_count` before and after), then, on
+    // a fresh device for each k, `fail_call_at(kind, k)` and the operation
+    // again, checking the engine's error and its state.
+
+    /// Makes the `n`-th call of `call` from now (1 = the next one) fail once
+    /// with [`Failure::INJECTED`] (a `BackendError` with code
+    /// [`codes::INJECTED`]; for `malloc`, `DeviceAllocError::Backend`).
+    /// `n = 0` is ignored. Injecting twice at the same call keeps the later
+    /// failure.
+    pub fn fail_call_at(&self, call: MockCall, n: u64) {
+        self.fail_call_at_with(call, n, Failure::INJECTED);
+    }
+
+    /// Like [`Self::fail_call_at`] with the failure chosen (e.g.
+    /// [`Failure::OutOfMemory`] for a `malloc` the engine treats as OOM).
+    pub fn fail_call_at_with(&self, call: MockCall, n: u64, failure: Failure) {
+        if n == 0 {
+            return;
+        }
+        let mut st = self.inner.lock();
+        let k = call.index();
+        let at = st.calls[k] + n;
+        st.failures[k].insert(at, failure);
+    }
+
+    /// Makes every call of `call` from now on fail with
+    /// [`Failure::INJECTED`], until [`Self::clear_failures`] or
+    /// [`Self::clear_failures_of`]. One-shot failures of the same kind take
+    /// precedence when their call comes up.
+    pub fn fail_call_always(&self, call: MockCall) {
+        self.fail_call_always_with(call, Failure::INJECTED);
+    }
+
+    /// Like [`Self::fail_call_always`] with the failure chosen.
+    pub fn fail_call_always_with(&self, call: MockCall, failure: Failure) {
+        self.inner.lock().always[call.index()] = Some(failure);
+    }
+
+    /// Cancels the pending one-shot failures and the permanent failure of
+    /// `call`.
+    pub fn clear_failures_of(&self, call: MockCall) {
+        let mut st = self.inner.lock();
+        st.failures[call.index()].clear();
+        st.always[call.index()] = None;
+    }
+
+    /// Cancels every pending injected failure, of every kind.
+    pub fn clear_failures(&self) {
+        for call in MockCall::ALL {
+            self.clear_failures_of(call);
+        }
+    }
+
+    /// One-shot failures of `call` injected and not yet fired.
+    pub fn pending_failures(&self, call: MockCall) -> usize {
+        self.inner.lock().failures[call.index()].len()
+    }
+
+    /// The permanent failure of `call`, if one is set.
+    pub fn failing_always(&self, call: MockCall) -> Option<Failure> {
+        self.inner.lock().always[call.index()]
+    }
+
+    /// Calls of `call` since the device was created, failed ones included
+    /// (not reset by [`Self::reset_counters`]). This numbering is the one
+    /// [`Self::fail_call_at`] counts in.
+    pub fn call_count(&self, call: MockCall) -> u64 {
+        self.inner.lock().calls[call.index()]
+    }
 
     /// Makes the `n`-th future `malloc` call (1 = the next one) fail with
-    /// `DeviceAllocError::OutOfMemory`. `n = 0` is ignored.
+    /// `DeviceAllocError::OutOfMemory`. `n = 0` is ignored. Same as
+    /// `fail_call_at_with(MockCall::Malloc, n, Failure::OutOfMemory)`.
     pub fn fail_malloc_at(&self, n: u64) {
         self.fail_malloc_at_with(n, MallocFailure::OutOfMemory);
     }
 
-    /// Makes the `n`-th future `malloc` call fail the given way.
+    /// Makes the `n`-th future `malloc` call fail the given way
+    /// (`fail_call_at_with(MockCall::Malloc, n, failure)`).
     pub fn fail_malloc_at_with(&self, n: u64, failure: MallocFailure) {
-        if n == 0 {
-            return;
-        }
-        let mut st = self.inner.lock();
-        let at = st.malloc_calls + n;
-        st.malloc_failures.insert(at, failure);
+        self.fail_call_at_with(MockCall::Malloc, n, failure);
     }
 
-    /// Makes the `n`-th future `create_event` call fail (code [`codes::INJECTED`]).
+    /// Makes the `n`-th future `create_event` call fail (code
+    /// [`codes::INJECTED`]; `fail_call_at(MockCall::CreateEvent, n)`).
     pub fn fail_create_event_at(&self, n: u64) {
-        if n == 0 {
-            return;
-        }
-        let mut st = self.inner.lock();
-        let at = st.event_calls + n;
-        st.event_failures.insert(at);
+        self.fail_call_at(MockCall::CreateEvent, n);
     }
 
     /// Makes the `n`-th future `free` call fail (code [`codes::INJECTED`]);
-    /// the segment stays allocated.
+    /// the segment stays allocated (`fail_call_at(MockCall::Free, n)`).
     pub fn fail_free_at(&self, n: u64) {
-        if n == 0 {
-            return;
-        }
-        let mut st = self.inner.lock();
-        let at = st.free_calls + n;
-        st.free_failures.insert(at);
-    }
-
-    /// Cancels every pending injected failure.
-    pub fn clear_failures(&self) {
-        let mut st = self.inner.lock();
-        st.malloc_failures.clear();
-        st.event_failures.clear();
-        st.free_failures.clear();
+        self.fail_call_at(MockCall::Free, n);
     }
 
     // ----- counters ------------------------------------------------------
@@ -1335,18 +1589,40 @@ impl MockBackend {
         self.inner.lock().complete_all();
     }
 
-    /// Turns auto-completion on (completing everything pending now) or off.
+    /// Turns auto-completion on (completing everything pending now) or off:
+    /// [`Completion::Immediate`] or [`Completion::Manual`].
     pub fn set_auto_complete(&self, on: bool) {
-        let mut st = self.inner.lock();
-        st.auto_complete = on;
-        if on {
-            st.complete_all();
-        }
+        self.set_completion(if on {
+            Completion::Immediate
+        } else {
+            Completion::Manual
+        });
     }
 
-    /// Whether work completes as soon as it is submitted.
+    /// Whether work completes as soon as it is submitted
+    /// ([`Completion::Immediate`]).
     pub fn auto_complete(&self) -> bool {
-        self.inner.lock().auto_complete
+        self.inner.lock().completion == Completion::Immediate
+    }
+
+    /// Changes when submitted work completes. [`Completion::Immediate`]
+    /// completes everything pending now; work submitted before the change
+    /// that has not completed stays pending until completed explicitly
+    /// (it draws no delay); [`Completion::Random`] restarts its generator
+    /// from the seed.
+    pub fn set_completion(&self, completion: Completion) {
+        self.inner.lock().set_completion(completion);
+    }
+
+    /// When submitted work completes.
+    pub fn completion(&self) -> Completion {
+        self.inner.lock().completion
+    }
+
+    /// The operation clock: calls of `Backend`/`GraphCapture` entry points
+    /// plus submissions so far (see [`Completion::Random`]).
+    pub fn op_clock(&self) -> u64 {
+        self.inner.lock().now
     }
 
     /// Units of work submitted on `stream` so far.
@@ -1506,35 +1782,25 @@ impl Backend for MockBackend {
 
     fn malloc(&self, size: u64) -> Result<u64, DeviceAllocError> {
         let mut st = self.inner.lock();
-        st.counters.malloc += 1;
-        if !st.captures.is_empty() {
-            st.counters.malloc_during_capture += 1;
-        }
-        let r = st.malloc(size);
+        let r = match st.enter(MockCall::Malloc) {
+            Some(Failure::OutOfMemory) => Err(DeviceAllocError::OutOfMemory),
+            Some(f) => Err(DeviceAllocError::Backend(
+                st.injected_error(MockCall::Malloc, f),
+            )),
+            None => st.malloc(size),
+        };
         if r.is_err() {
-            st.counters.malloc_failed += 1;
-            st.counters.errors += 1;
+            st.failed(MockCall::Malloc);
         }
         r
     }
 
     fn free(&self, ptr: u64, size: u64) -> Result<(), BackendError> {
-        self.with(|st| {
-            st.counters.free += 1;
-            if !st.captures.is_empty() {
-                st.counters.free_during_capture += 1;
-            }
-            let r = st.free(ptr, size);
-            if r.is_err() {
-                st.counters.free_failed += 1;
-            }
-            r
-        })
+        self.call(MockCall::Free, |st| st.free(ptr, size))
     }
 
     fn memory_info(&self) -> Result<MemoryInfo, BackendError> {
-        self.with(|st| {
-            st.counters.memory_info += 1;
+        self.call(MockCall::MemoryInfo, |st| {
             Ok(MemoryInfo {
                 free: st
                     .capacity
@@ -1545,56 +1811,33 @@ impl Backend for MockBackend {
     }
 
     fn create_event(&self) -> Result<MockEvent, BackendError> {
-        self.with(|st| {
-            st.counters.create_event += 1;
-            let r = st.create_event();
-            if r.is_err() {
-                st.counters.create_event_failed += 1;
-            }
-            r
-        })
+        self.call(MockCall::CreateEvent, |st| st.create_event())
     }
 
     fn destroy_event(&self, event: MockEvent) -> Result<(), BackendError> {
-        self.with(|st| {
-            st.counters.destroy_event += 1;
-            st.destroy_event(&event)
-        })
+        self.call(MockCall::DestroyEvent, |st| st.destroy_event(&event))
     }
 
     fn record_event(&self, event: &MockEvent, stream: MockStream) -> Result<(), BackendError> {
-        self.with(|st| {
-            st.counters.record_event += 1;
-            st.record_event(event, stream)
-        })
+        self.call(MockCall::RecordEvent, |st| st.record_event(event, stream))
     }
 
     fn query_event(&self, event: &MockEvent) -> Result<bool, BackendError> {
-        self.with(|st| {
-            st.counters.query_event += 1;
-            st.query_event(event)
-        })
+        self.call(MockCall::QueryEvent, |st| st.query_event(event))
     }
 
     fn synchronize_event(&self, event: &MockEvent) -> Result<(), BackendError> {
-        self.with(|st| {
-            st.counters.synchronize_event += 1;
-            st.synchronize_event(event)
-        })
+        self.call(MockCall::SynchronizeEvent, |st| st.synchronize_event(event))
     }
 
     fn stream_wait_event(&self, stream: MockStream, event: &MockEvent) -> Result<(), BackendError> {
-        self.with(|st| {
-            st.counters.stream_wait_event += 1;
+        self.call(MockCall::StreamWaitEvent, |st| {
             st.stream_wait_event(stream, event)
         })
     }
 
     fn synchronize_device(&self) -> Result<(), BackendError> {
-        self.with(|st| {
-            st.counters.synchronize_device += 1;
-            st.synchronize_device()
-        })
+        self.call(MockCall::SynchronizeDevice, |st| st.synchronize_device())
     }
 
     fn capture(&self) -> Option<&Self> {
@@ -1610,8 +1853,7 @@ impl GraphCapture<MockStream> for MockBackend {
         stream: MockStream,
         terminals: &mut Vec<MockNode>,
     ) -> Result<(CaptureStatus, u64), BackendError> {
-        self.with(|st| {
-            st.counters.capture_info += 1;
+        self.call(MockCall::CaptureState, |st| {
             st.capture_state(stream, terminals)
         })
     }
@@ -1626,16 +1868,18 @@ impl GraphCapture<MockStream> for MockBackend {
         from: &[MockNode],
         visited: &mut Vec<u64>,
     ) -> Result<bool, BackendError> {
-        if !self.node_numbers {
-            return Ok(false);
-        }
-        let mut st = self.inner.lock();
-        Ok(match st.mark_ancestors(capture, from, visited) {
-            Some(expanded) => {
-                st.counters.node_dependencies += expanded;
-                true
+        let numbered = self.node_numbers;
+        self.call(MockCall::MarkAncestors, |st| {
+            if !numbered {
+                return Ok(false);
             }
-            None => false,
+            Ok(match st.mark_ancestors(capture, from, visited) {
+                Some(expanded) => {
+                    st.counters.node_dependencies += expanded;
+                    true
+                }
+                None => false,
+            })
         })
     }
 
@@ -1644,8 +1888,7 @@ impl GraphCapture<MockStream> for MockBackend {
         node: MockNode,
         out: &mut Vec<MockNode>,
     ) -> Result<(), BackendError> {
-        self.with(|st| {
-            st.counters.node_dependencies += 1;
+        self.call(MockCall::ExtendNodeDependencies, |st| {
             st.extend_node_dependencies(node, out)
         })
     }
@@ -1655,10 +1898,7 @@ impl GraphCapture<MockStream> for MockBackend {
         stream: MockStream,
         deps: &[MockNode],
     ) -> Result<MockNode, BackendError> {
-        self.with(|st| {
-            st.counters.add_empty_node += 1;
-            st.add_empty_node(stream, deps)
-        })
+        self.call(MockCall::AddEmptyNode, |st| st.add_empty_node(stream, deps))
     }
 
     fn update_capture_dependencies(
@@ -1667,8 +1907,7 @@ impl GraphCapture<MockStream> for MockBackend {
         nodes: &[MockNode],
         mode: DependencyUpdate,
     ) -> Result<(), BackendError> {
-        self.with(|st| {
-            st.counters.update_capture_dependencies += 1;
+        self.call(MockCall::UpdateCaptureDependencies, |st| {
             st.update_capture_dependencies(stream, nodes, mode)
         })
     }

@@ -4,10 +4,18 @@ use cachalot_core::DeviceIndex;
 
 use crate::MockBackend;
 use crate::space::{CHUNK, Placement};
-use crate::types::CaptureMode;
+use crate::types::{CaptureMode, Completion};
 
-/// Default lowest address of the simulated address range.
+/// Default lowest address of the simulated address range of device 0.
 pub const DEFAULT_BASE_ADDRESS: u64 = 0x7f00_0000_0000;
+
+/// Distance between the default ranges of consecutive device indices
+/// (16 TiB): device `i` starts at `DEFAULT_BASE_ADDRESS + i ×
+/// DEVICE_ADDRESS_STRIDE`, and a default-sized range never exceeds the
+/// stride, so the default ranges of different devices are disjoint (for
+/// device indices below 500 000) and a pointer of one device is unknown to
+/// every other.
+pub const DEVICE_ADDRESS_STRIDE: u64 = 1 << 44;
 
 /// Smallest default address range (1 TiB).
 const MIN_ADDRESS_SPACE: u64 = 1 << 40;
@@ -31,16 +39,19 @@ pub struct MockConfig {
     pub total_memory: u64,
     /// Where new segments are placed.
     pub placement: Placement,
-    /// Whether submitted work completes immediately (trace replays).
-    pub auto_complete: bool,
+    /// When submitted work completes.
+    pub completion: Completion,
     /// How strictly host calls are policed during capture.
     pub capture_mode: CaptureMode,
     /// Whether memory uses are checked for races.
     pub race_checking: bool,
-    /// Lowest address of the range (rounded up to 32 MiB).
-    pub base_address: u64,
+    /// Lowest address of the range (rounded up to 32 MiB); `None` = the
+    /// device's own default, `DEFAULT_BASE_ADDRESS + device ×`
+    /// [`DEVICE_ADDRESS_STRIDE`].
+    pub base_address: Option<u64>,
     /// Size of the address range; `None` = `max(1 TiB, 4 × capacity)`
-    /// (rounded up to 32 MiB). Placement fails with OOM when the range, not
+    /// (rounded up to 32 MiB), at most [`DEVICE_ADDRESS_STRIDE`] when the
+    /// base is the default one. Placement fails with OOM when the range, not
     /// the capacity, is exhausted.
     pub address_space: Option<u64>,
     /// Whether `Backend::node_index` numbers graph nodes (their creation
@@ -51,18 +62,18 @@ pub struct MockConfig {
 }
 
 impl MockConfig {
-    /// Defaults: device 0, [`Placement::Cuda13`], manual completion,
-    /// [`CaptureMode::Global`], race checking on, base `0x7f00_0000_0000`,
-    /// graph nodes numbered.
+    /// Defaults: device 0, [`Placement::Cuda13`], [`Completion::Manual`],
+    /// [`CaptureMode::Global`], race checking on, the device's default base
+    /// (`0x7f00_0000_0000` for device 0), graph nodes numbered.
     pub fn new(total_memory: u64) -> Self {
         Self {
             device: 0,
             total_memory,
             placement: Placement::default(),
-            auto_complete: false,
+            completion: Completion::Manual,
             capture_mode: CaptureMode::default(),
             race_checking: true,
-            base_address: DEFAULT_BASE_ADDRESS,
+            base_address: None,
             address_space: None,
             node_numbers: true,
         }
@@ -75,7 +86,8 @@ impl MockConfig {
         self
     }
 
-    /// Sets the device index.
+    /// Sets the device index (which also chooses the default address range,
+    /// see [`DEVICE_ADDRESS_STRIDE`]).
     pub fn device(mut self, device: DeviceIndex) -> Self {
         self.device = device;
         self
@@ -87,9 +99,20 @@ impl MockConfig {
         self
     }
 
-    /// Sets auto-completion of submitted work.
+    /// Sets auto-completion of submitted work: on is
+    /// [`Completion::Immediate`], off [`Completion::Manual`].
     pub fn auto_complete(mut self, on: bool) -> Self {
-        self.auto_complete = on;
+        self.completion = if on {
+            Completion::Immediate
+        } else {
+            Completion::Manual
+        };
+        self
+    }
+
+    /// Sets when submitted work completes (e.g. late, [`Completion::Random`]).
+    pub fn completion(mut self, completion: Completion) -> Self {
+        self.completion = completion;
         self
     }
 
@@ -107,7 +130,7 @@ impl MockConfig {
 
     /// Sets the lowest address of the range.
     pub fn base_address(mut self, base: u64) -> Self {
-        self.base_address = base;
+        self.base_address = Some(base);
         self
     }
 
@@ -126,12 +149,24 @@ impl MockConfig {
     /// 32 MiB, the end not overflowing.
     pub(crate) fn range(&self) -> (u64, u64) {
         let round = |x: u64| x.div_ceil(CHUNK).saturating_mul(CHUNK);
-        let base = round(self.base_address).min(u64::MAX / 2 / CHUNK * CHUNK);
+        let default_base = self.base_address.is_none();
+        let base = self.base_address.unwrap_or_else(|| {
+            DEFAULT_BASE_ADDRESS
+                .saturating_add(u64::from(self.device).saturating_mul(DEVICE_ADDRESS_STRIDE))
+        });
+        let base = round(base).min(u64::MAX / 2 / CHUNK * CHUNK);
         let want = match self.address_space {
             Some(s) => round(s),
-            None => round(self.total_memory)
-                .saturating_mul(4)
-                .max(MIN_ADDRESS_SPACE),
+            None => {
+                let w = round(self.total_memory)
+                    .saturating_mul(4)
+                    .max(MIN_ADDRESS_SPACE);
+                if default_base {
+                    w.min(DEVICE_ADDRESS_STRIDE)
+                } else {
+                    w
+                }
+            }
         };
         let room = (u64::MAX - base) / CHUNK * CHUNK;
         (base, want.min(room))

@@ -13,17 +13,25 @@
 //!   [`codes::INVALID_VALUE`]); it fails with
 //!   `DeviceAllocError::OutOfMemory` when live bytes (+ simulated external
 //!   usage) + size exceed the capacity. Addresses come from a large range
-//!   (default base `0x7f00_0000_0000`, size `max(1 TiB, 4 × capacity)`)
-//!   placed by a [`Placement`] policy; segments of at least 2 MiB start
-//!   2 MiB-aligned, smaller ones 512 B-aligned. `free` of an unknown pointer
-//!   or with the wrong size is an error, never a panic.
+//!   (default base `0x7f00_0000_0000 + device × 16 TiB`
+//!   ([`DEVICE_ADDRESS_STRIDE`]), size `max(1 TiB, 4 × capacity)` up to
+//!   16 TiB) placed by a [`Placement`] policy; segments of at least 2 MiB
+//!   start 2 MiB-aligned, smaller ones 512 B-aligned. Different device
+//!   indices get disjoint ranges, so one device's pointers are unknown to
+//!   another. `free` of an unknown pointer or with the wrong size is an
+//!   error, never a panic.
+//! * **Contents.** The mock stores no bytes but remembers which tag each
+//!   eager use wrote where ([`MockBackend::read_tags`],
+//!   [`MockBackend::tag_at`]); freeing a segment forgets its contents.
 //! * **Streams and work.** Stream 0 is the default (legacy) stream; others
 //!   come from [`MockBackend::create_stream`]. Each stream counts submitted
 //!   and completed units of work. Work ([`MockBackend::launch`],
 //!   [`MockBackend::use_memory`], [`MockBackend::launch_graph`]) completes only
 //!   when the test says so ([`MockBackend::complete`],
 //!   [`MockBackend::complete_n`], [`MockBackend::complete_all`], or a host
-//!   synchronisation), or at once in auto-complete mode. Completing work
+//!   synchronisation), at once in auto-complete mode, or late on its own
+//!   after a seeded random number of later operations
+//!   ([`Completion::Random`]); see [`Completion`]. Completing work
 //!   also completes the work it waits on (through `stream_wait_event`).
 //!   Streams are non-blocking: the default stream does not synchronise
 //!   implicitly with the others.
@@ -62,6 +70,12 @@
 //!   `malloc` and `free` are allowed during capture (relaxed mode) and
 //!   counted. `end_capture` fails with [`codes::STREAM_CAPTURE_UNJOINED`]
 //!   when a forked stream's terminal nodes are not ancestors of the origin's.
+//! * **Failure injection.** Every fallible `Backend` and `GraphCapture`
+//!   entry point ([`MockCall`]) can be made to fail at its n-th call from now
+//!   ([`MockBackend::fail_call_at`], [`MockBackend::fail_call_at_with`]) or
+//!   at every call ([`MockBackend::fail_call_always`]), with a typed error
+//!   and no side effect; [`MockBackend::call_count`] numbers the calls of
+//!   each kind and [`MockCounters::injected`] counts the failures that fired.
 //!
 //! ```
 //! use cachalot_core::Backend;
@@ -87,16 +101,17 @@
 
 mod backend;
 mod config;
+mod data;
 mod graph;
 mod shadow;
 mod space;
 mod types;
 
 pub use backend::MockBackend;
-pub use config::{DEFAULT_BASE_ADDRESS, MockConfig};
+pub use config::{DEFAULT_BASE_ADDRESS, DEVICE_ADDRESS_STRIDE, MockConfig};
 pub use graph::{MockGraph, MockNode, NodeKind};
 pub use space::{BIG_ALIGN, CHUNK, Placement, SMALL_ALIGN, alignment_for};
 pub use types::{
-    CaptureMode, MallocFailure, MemUse, MockCounters, MockEvent, MockStream, Race, Submitted,
-    UseSite, codes,
+    CaptureMode, Completion, Failure, MallocFailure, MemUse, MockCall, MockCounters, MockEvent,
+    MockStream, Race, Submitted, UseSite, codes,
 };

@@ -126,13 +126,163 @@ impl fmt::Display for Race {
     }
 }
 
-/// How an injected allocation failure fails.
+/// Every fallible entry point of the `Backend` and `GraphCapture` traits the
+/// engine calls, as named by the failure-injection API
+/// ([`crate::MockBackend::fail_call_at`] and friends) and by
+/// [`crate::MockBackend::call_count`].
+///
+/// The infallible entry points (`name`, `device`, `default_stream`,
+/// `capture`, `node_index`) and the mock's own test controls (`launch`,
+/// `use_memory`, `begin_capture`, ...) cannot be made to fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum MockCall {
+    /// `Backend::malloc`.
+    Malloc,
+    /// `Backend::free`.
+    Free,
+    /// `Backend::memory_info`.
+    MemoryInfo,
+    /// `Backend::create_event`.
+    CreateEvent,
+    /// `Backend::destroy_event`.
+    DestroyEvent,
+    /// `Backend::record_event`.
+    RecordEvent,
+    /// `Backend::query_event`.
+    QueryEvent,
+    /// `Backend::synchronize_event`.
+    SynchronizeEvent,
+    /// `Backend::stream_wait_event`.
+    StreamWaitEvent,
+    /// `Backend::synchronize_device`.
+    SynchronizeDevice,
+    /// `GraphCapture::capture_state`.
+    CaptureState,
+    /// `GraphCapture::extend_node_dependencies`.
+    ExtendNodeDependencies,
+    /// `GraphCapture::mark_ancestors` (counted and failable even when the
+    /// mock numbers no nodes and would answer `Ok(false)`).
+    MarkAncestors,
+    /// `GraphCapture::add_empty_node`.
+    AddEmptyNode,
+    /// `GraphCapture::update_capture_dependencies`.
+    UpdateCaptureDependencies,
+}
+
+impl MockCall {
+    /// Every call kind, in declaration order (for a test matrix).
+    pub const ALL: [MockCall; 15] = [
+        MockCall::Malloc,
+        MockCall::Free,
+        MockCall::MemoryInfo,
+        MockCall::CreateEvent,
+        MockCall::DestroyEvent,
+        MockCall::RecordEvent,
+        MockCall::QueryEvent,
+        MockCall::SynchronizeEvent,
+        MockCall::StreamWaitEvent,
+        MockCall::SynchronizeDevice,
+        MockCall::CaptureState,
+        MockCall::ExtendNodeDependencies,
+        MockCall::MarkAncestors,
+        MockCall::AddEmptyNode,
+        MockCall::UpdateCaptureDependencies,
+    ];
+
+    /// The number of call kinds.
+    pub const COUNT: usize = Self::ALL.len();
+
+    /// The position of the kind in [`MockCall::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The method's name, as it appears in [`cachalot_core::BackendError::call`]
+    /// of the errors the mock returns.
+    pub fn name(self) -> &'static str {
+        match self {
+            MockCall::Malloc => "malloc",
+            MockCall::Free => "free",
+            MockCall::MemoryInfo => "memory_info",
+            MockCall::CreateEvent => "create_event",
+            MockCall::DestroyEvent => "destroy_event",
+            MockCall::RecordEvent => "record_event",
+            MockCall::QueryEvent => "query_event",
+            MockCall::SynchronizeEvent => "synchronize_event",
+            MockCall::StreamWaitEvent => "stream_wait_event",
+            MockCall::SynchronizeDevice => "synchronize_device",
+            MockCall::CaptureState => "capture_state",
+            MockCall::ExtendNodeDependencies => "extend_node_dependencies",
+            MockCall::MarkAncestors => "mark_ancestors",
+            MockCall::AddEmptyNode => "add_empty_node",
+            MockCall::UpdateCaptureDependencies => "update_capture_dependencies",
+        }
+    }
+}
+
+impl fmt::Display for MockCall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How an injected failure fails.
+///
+/// * [`Failure::Backend`]: the call returns a
+///   [`cachalot_core::BackendError`] with this code (`malloc`:
+///   `DeviceAllocError::Backend`). [`codes::INJECTED`] is the usual code.
+/// * [`Failure::OutOfMemory`]: `malloc` returns
+///   `DeviceAllocError::OutOfMemory`; any other call returns a
+///   `BackendError` with code [`codes::MEMORY_ALLOCATION`] (a driver out of
+///   memory inside e.g. `cudaEventCreate`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum MallocFailure {
-    /// `DeviceAllocError::OutOfMemory`.
+pub enum Failure {
+    /// Out of memory (see the type's documentation).
     OutOfMemory,
-    /// `DeviceAllocError::Backend` with this code.
+    /// A `BackendError` with this code.
     Backend(i64),
+}
+
+impl Failure {
+    /// `Failure::Backend(codes::INJECTED)`, what [`crate::MockBackend::fail_call_at`] injects.
+    pub const INJECTED: Failure = Failure::Backend(codes::INJECTED);
+}
+
+/// The former name of [`Failure`] (from when only `malloc` could be made to
+/// fail the chosen way).
+pub type MallocFailure = Failure;
+
+/// When submitted work (`launch`, `use_memory`, `launch_graph` outside
+/// capture) completes. Whatever the mode, the test can complete work at any
+/// time ([`crate::MockBackend::complete`], ...), host synchronisation
+/// (`synchronize_event`, `synchronize_device`,
+/// [`crate::MockBackend::synchronize_stream`]) completes what it waits for,
+/// and completing work also completes the work it waits on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Completion {
+    /// Work completes only when the test says so or the host synchronises.
+    #[default]
+    Manual,
+    /// Work completes as soon as it is submitted (trace replays).
+    Immediate,
+    /// Late completion, deterministic from `seed`: the mock keeps an
+    /// operation clock that advances by one at every call of a `Backend` or
+    /// `GraphCapture` entry point (each [`MockCall`], failed calls included)
+    /// and at every submission. A unit of work submitted at clock `t` draws
+    /// a delay `d` in `0..=max_delay_ops` and completes at clock `t + 1 + d`
+    /// — at the start of that operation, before it looks at anything — or
+    /// later, since the work of one stream completes in order (a unit never
+    /// completes before the one submitted before it on its stream). So no
+    /// work ever completes while it is being submitted, and an event
+    /// recorded after it may be found incomplete by the next
+    /// `max_delay_ops + 1` operations. The same calls from the same seed
+    /// complete the same work at the same points.
+    Random {
+        /// Seed of the delays.
+        seed: u64,
+        /// Largest extra delay, in operations.
+        max_delay_ops: u32,
+    },
 }
 
 /// How strictly the mock polices host calls while a capture is underway
@@ -198,6 +348,9 @@ pub struct MockCounters {
     pub launches: u64,
     /// Calls (of any kind above) that returned an error.
     pub errors: u64,
+    /// Calls that returned an injected failure (counted in `errors` and the
+    /// `*_failed` counters too).
+    pub injected: u64,
     /// Captures invalidated (by misuse or `invalidate_capture`).
     pub captures_invalidated: u64,
 }

@@ -193,7 +193,9 @@ impl MockSettings {
     }
 
     /// The mock device `index` with these settings: auto-completing work
-    /// (no kernels run, so events complete at once), race checking off.
+    /// (no kernels run, so events complete at once), race checking off, and
+    /// the device's own address range (`cachalot_mock::DEVICE_ADDRESS_STRIDE`),
+    /// so a pointer of one device is unknown to every other.
     pub fn backend(&self, index: DeviceIndex) -> MockBackend {
         MockConfig::new(self.total_memory)
             .device(index)
