@@ -135,7 +135,9 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Creates an event without timing (the engine pools it).
     fn create_event(&self) -> Result<Self::Event, BackendError>;
-    /// Destroys an event created by [`Backend::create_event`].
+    /// Destroys an event created by [`Backend::create_event`]. The event is
+    /// consumed: on an error the engine does not retry (the backend has
+    /// destroyed it or keeps it).
     fn destroy_event(&self, event: Self::Event) -> Result<(), BackendError>;
     /// Records `event` at the current tail of `stream`.
     fn record_event(&self, event: &Self::Event, stream: Self::Stream) -> Result<(), BackendError>;

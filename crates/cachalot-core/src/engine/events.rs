@@ -81,12 +81,19 @@ impl<B: Backend> EventState<B> {
         self.queues.iter().map(|q| q.queue.len()).sum()
     }
 
-    /// Destroys pooled events (empty_cache and drop).
+    /// Destroys pooled events (empty_cache), going on past a failure; the
+    /// first error is returned. [`Backend::destroy_event`] consumes the
+    /// event: one the backend fails to destroy is left to the backend.
     pub fn destroy_pooled(&mut self, backend: &B) -> Result<(), Error> {
+        let mut first: Result<(), Error> = Ok(());
         while let Some(e) = self.pool.pop() {
-            backend.destroy_event(e)?;
+            if let Err(err) = backend.destroy_event(e)
+                && first.is_ok()
+            {
+                first = Err(err.into());
+            }
         }
-        Ok(())
+        first
     }
 
     /// Destroys every event, queued or pooled (allocator dropped, after a

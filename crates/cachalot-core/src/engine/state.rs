@@ -476,6 +476,9 @@ impl<B: Backend> Inner<B> {
             )));
         }
         self.limits.set_fraction(f);
+        // kept in the config too, so that a later `set_config` that does
+        // not name the key leaves it as set here
+        self.config.per_process_memory_fraction = f;
         Ok(())
     }
 }
