@@ -21,11 +21,13 @@ pub const MOCK_MEMORY_ENV: &str = "CACHALOT_MOCK_MEMORY";
 /// Most simulated devices [`MOCK_DEVICES_ENV`] may ask for (the largest
 /// real hosts have 16).
 pub const MAX_MOCK_DEVICES: u32 = 64;
-/// Largest capacity [`MOCK_MEMORY_ENV`] may ask for: 2^50 bytes (1 PiB),
-/// far above any device, and far enough below `i64::MAX` that the signed
-/// byte statistics of a full device (and their sums over pools) cannot
+/// Largest capacity [`MOCK_MEMORY_ENV`] may ask for: 2^42 bytes (4 TiB),
+/// far above any device, the most whose default address range (four
+/// times the capacity) fits in the 16 TiB each mock device's addresses may
+/// span ([`cachalot_mock::DEVICE_ADDRESS_STRIDE`]), and far below
+/// `i64::MAX`, so the signed byte statistics of a full device cannot
 /// overflow.
-pub const MAX_MOCK_MEMORY: u64 = 1 << 50;
+pub const MAX_MOCK_MEMORY: u64 = 1 << 42;
 /// Total memory of an NVIDIA H200 as `cudaMemGetInfo` reports it: the mock's default capacity.
 pub const H200_TOTAL_MEMORY: u64 = 150_754_820_096;
 
@@ -313,15 +315,11 @@ mod tests {
             (
                 MOCK_MEMORY_ENV,
                 "18446744073709551615",
-                "[0, 1125899906842624]",
+                "[0, 4398046511104]",
             ),
-            (
-                MOCK_MEMORY_ENV,
-                "9223372036854775808",
-                "[0, 1125899906842624]",
-            ),
-            (MOCK_MEMORY_ENV, "1125899906842625", "[0, 1125899906842624]"),
-            (MOCK_MEMORY_ENV, "1.5e9", "[0, 1125899906842624]"),
+            (MOCK_MEMORY_ENV, "9223372036854775808", "[0, 4398046511104]"),
+            (MOCK_MEMORY_ENV, "4398046511105", "[0, 4398046511104]"),
+            (MOCK_MEMORY_ENV, "1.5e9", "[0, 4398046511104]"),
         ] {
             let e = MockSettings::from_lookup(only(var, v)).unwrap_err();
             match &e {
@@ -347,7 +345,7 @@ mod tests {
         let s = MockSettings::from_lookup(|var| {
             Some(OsString::from(match var {
                 MOCK_DEVICES_ENV => " 64 ",
-                _ => "1125899906842624",
+                _ => "4398046511104",
             }))
         })
         .unwrap();
