@@ -11,13 +11,14 @@
 //! (`cargo test --test fault_matrix -- --nocapture`) and kept in
 //! `docs/reliability.md`.
 
-use std::collections::BTreeMap;
-
 use cachalot_conformance::mock::MIB;
 use cachalot_core::{
     AllocatorConfig, Backend, CachingAllocator, Error, PoolFilter, PoolId, graph_pool_handle,
 };
 use cachalot_mock::{MockBackend, MockCall, MockConfig, MockStream};
+
+/// The allocated counters (name, value) and the live allocations.
+type Observable = (Vec<(String, i64)>, Vec<(u64, u64)>);
 
 /// A fresh device and allocator for one run.
 struct World {
@@ -57,7 +58,7 @@ impl World {
     /// allocations (addresses, sizes, the allocated counters). The cache may
     /// have changed on the way (the OOM ladder releases cached segments and
     /// waits for pending frees before its last device call, as PyTorch's).
-    fn observable(&self) -> (Vec<(String, i64)>, Vec<(u64, u64)>) {
+    fn observable(&self) -> Observable {
         let stats = self
             .a
             .memory_stats()
