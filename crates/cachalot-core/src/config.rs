@@ -509,6 +509,55 @@ fn boundary(key: &str, v: &str) -> Result<u64, ConfigError> {
     Ok(n)
 }
 
+/// Why the pinned-memory keys take only their defaults.
+const NO_HOST_ALLOCATOR: &str = "cachalot has no pinned host-memory allocator";
+
+/// A boolean key cachalot does not act on: `False` (the default, what
+/// cachalot does) is accepted, `True` is a typed "not supported" error
+/// saying why; never accepted and ignored.
+fn not_yet(key: &str, v: &str, why: &str) -> Result<bool, ConfigError> {
+    if parse_bool(key, v)? {
+        return Err(unsupported(key, v, why));
+    }
+    Ok(false)
+}
+
+/// The typed "not supported" error of `key:v`.
+fn unsupported(key: &str, v: &str, why: &str) -> ConfigError {
+    ConfigError::new(
+        key,
+        ConfigErrorKind::Unsupported {
+            value: v.to_string(),
+        },
+        format!("'{key}:{}' is not supported: {why}", echo(v)),
+    )
+}
+
+/// Every key the parser accepts (aliases included).
+pub const KNOWN_KEYS: &[&str] = &[
+    "backend",
+    "large_segment_size_mb",
+    "max_split_size_mb",
+    "max_non_split_rounding_mb",
+    "garbage_collection_threshold",
+    "roundup_power2_divisions",
+    "expandable_segments",
+    "release_lock_on_cudamalloc",
+    "release_lock_on_hipmalloc",
+    "release_lock_on_device_malloc",
+    "graph_capture_record_stream_reuse",
+    "per_process_memory_fraction",
+    "throw_on_cudamalloc_oom",
+    "throw_on_device_malloc_oom",
+    "idle_stream_reuse",
+    "placement",
+    "pinned_use_cuda_host_register",
+    "pinned_use_hip_host_register",
+    "pinned_num_register_threads",
+    "pinned_use_background_threads",
+    "pinned_reserve_segment_size_mb",
+];
+
 /// The keys a parse does not reset, each with the field it sets (aliases
 /// share a field); `None` for the keys every parse resets, and for unknown
 /// keys.
@@ -690,11 +739,21 @@ impl AllocatorConfig {
             "roundup_power2_divisions" => {
                 self.roundup_power2_divisions = [divisions(key, v)?; ROUNDUP_INTERVALS];
             }
-            "expandable_segments" => self.expandable_segments = parse_bool(key, v)?,
+            "expandable_segments" => {
+                self.expandable_segments = not_yet(
+                    key,
+                    v,
+                    "expandable segments are not implemented in cachalot yet",
+                )?
+            }
             "release_lock_on_cudamalloc"
             | "release_lock_on_hipmalloc"
             | "release_lock_on_device_malloc" => {
-                self.release_lock_on_device_malloc = parse_bool(key, v)?
+                self.release_lock_on_device_malloc = not_yet(
+                    key,
+                    v,
+                    "cachalot holds its lock across the device allocation",
+                )?
             }
             "graph_capture_record_stream_reuse" => {
                 self.graph_capture_record_stream_reuse = match v {
@@ -718,7 +777,11 @@ impl AllocatorConfig {
                     float_in(key, v, |x| (0.0..=1.0).contains(&x), "[0.0, 1.0]")?;
             }
             "throw_on_cudamalloc_oom" | "throw_on_device_malloc_oom" => {
-                self.throw_on_device_malloc_oom = parse_bool(key, v)?
+                self.throw_on_device_malloc_oom = not_yet(
+                    key,
+                    v,
+                    "cachalot always flushes its cache and retries before reporting an OOM",
+                )?
             }
             "idle_stream_reuse" => self.idle_stream_reuse = parse_bool(key, v)?,
             "placement" => {
@@ -735,7 +798,7 @@ impl AllocatorConfig {
                 }
             }
             "pinned_use_cuda_host_register" | "pinned_use_hip_host_register" => {
-                self.pinned_use_host_register = parse_bool(key, v)?
+                self.pinned_use_host_register = not_yet(key, v, NO_HOST_ALLOCATOR)?
             }
             "pinned_num_register_threads" => {
                 const ALLOWED: &str = "a power of two <= 128";
@@ -748,13 +811,18 @@ impl AllocatorConfig {
                         format!("{n} is not a power of 2"),
                     ));
                 }
+                if n != AllocatorConfig::default().pinned_num_register_threads {
+                    return Err(unsupported(key, v, NO_HOST_ALLOCATOR));
+                }
                 self.pinned_num_register_threads = n;
             }
             "pinned_use_background_threads" => {
-                self.pinned_use_background_threads = parse_bool(key, v)?
+                self.pinned_use_background_threads = not_yet(key, v, NO_HOST_ALLOCATOR)?
             }
             "pinned_reserve_segment_size_mb" => {
-                self.pinned_reserve_segment_size_mb = size_mb(key, v, 1)? / MIB;
+                // range-checked, then refused: no host allocator to reserve for
+                size_mb(key, v, 1)?;
+                return Err(unsupported(key, v, NO_HOST_ALLOCATOR));
             }
             _ => return Err(unknown(key)),
         }
@@ -878,12 +946,12 @@ mod tests {
     #[test]
     fn defaults_and_simple_keys() {
         let c = AllocatorConfig::parse(
-            "max_split_size_mb:100, garbage_collection_threshold:0.5,expandable_segments:True",
+            "max_split_size_mb:100, garbage_collection_threshold:0.5,expandable_segments:False",
         )
         .unwrap();
         assert_eq!(c.max_split_size, 100 * MIB);
         assert_eq!(c.garbage_collection_threshold, 0.5);
-        assert!(c.expandable_segments);
+        assert!(!c.expandable_segments);
         assert_eq!(c.max_split_size_stat(), 100 * MIB as i64);
         assert_eq!(AllocatorConfig::default().max_split_size_stat(), -1);
     }
@@ -976,11 +1044,11 @@ mod tests {
 
     #[test]
     fn reparse_resets_only_the_three_keys() {
-        let mut c = AllocatorConfig::parse("max_split_size_mb:100,expandable_segments:True,roundup_power2_divisions:4,graph_capture_record_stream_reuse:True").unwrap();
+        let mut c = AllocatorConfig::parse("max_split_size_mb:100,idle_stream_reuse:True,roundup_power2_divisions:4,graph_capture_record_stream_reuse:True").unwrap();
         c.apply("garbage_collection_threshold:0.6").unwrap();
         assert_eq!(c.max_split_size, u64::MAX);
         assert_eq!(c.roundup_power2_divisions, [0; 16]);
-        assert!(c.expandable_segments);
+        assert!(c.idle_stream_reuse);
         assert_eq!(
             c.graph_capture_record_stream_reuse,
             CaptureReuse::CrossStream
@@ -989,6 +1057,84 @@ mod tests {
         let before = c.clone();
         assert!(c.apply("max_split_size_mb:100,bogus:1").is_err());
         assert_eq!(c, before);
+    }
+
+    /// Every key the parser knows is honoured (it changes what the engine
+    /// does) or takes only the value cachalot implements: any other value is
+    /// a typed "not supported" error. The list is the parser's own.
+    #[test]
+    fn no_key_is_accepted_and_ignored() {
+        // (key, a value that changes behaviour); the engine reads each field
+        let honoured: &[(&str, &str)] = &[
+            ("backend", "native"),
+            ("large_segment_size_mb", "40"),
+            ("max_split_size_mb", "100"),
+            ("max_non_split_rounding_mb", "100"),
+            ("garbage_collection_threshold", "0.5"),
+            ("roundup_power2_divisions", "4"),
+            ("graph_capture_record_stream_reuse", "pytorch"),
+            ("per_process_memory_fraction", "0.5"),
+            ("idle_stream_reuse", "True"),
+            ("placement", "pytorch"),
+        ];
+        let refused: &[&str] = &[
+            "expandable_segments",
+            "release_lock_on_cudamalloc",
+            "release_lock_on_hipmalloc",
+            "release_lock_on_device_malloc",
+            "throw_on_cudamalloc_oom",
+            "throw_on_device_malloc_oom",
+            "pinned_use_cuda_host_register",
+            "pinned_use_hip_host_register",
+            "pinned_use_background_threads",
+        ];
+        // numeric keys of the host allocator: only the default passes
+        for (k, ok, bad) in [
+            ("pinned_num_register_threads", "1", "8"),
+            ("pinned_reserve_segment_size_mb", "", "8"),
+        ] {
+            if !ok.is_empty() {
+                AllocatorConfig::parse(&format!("{k}:{ok}")).unwrap();
+            }
+            let e = AllocatorConfig::parse(&format!("{k}:{bad}")).unwrap_err();
+            assert!(
+                matches!(e.kind, ConfigErrorKind::Unsupported { .. }),
+                "{k}: {e}"
+            );
+        }
+        for &(k, v) in honoured {
+            assert!(AllocatorConfig::is_known(k), "{k}");
+            let c = AllocatorConfig::parse(&format!("{k}:{v}")).unwrap();
+            assert_ne!(c, AllocatorConfig::default(), "{k}:{v} changed nothing");
+        }
+        for &k in refused {
+            assert!(AllocatorConfig::is_known(k), "{k}");
+            let c = AllocatorConfig::parse(&format!("{k}:False")).unwrap();
+            assert_eq!(
+                AllocatorConfig {
+                    last_config_string: String::new(),
+                    ..c
+                },
+                AllocatorConfig::default(),
+                "{k}"
+            );
+            let e = AllocatorConfig::parse(&format!("{k}:True")).unwrap_err();
+            assert!(
+                matches!(e.kind, ConfigErrorKind::Unsupported { .. }),
+                "{k}: {e}"
+            );
+            assert!(e.to_string().contains("not supported"), "{e}");
+        }
+        // every key the parser accepts is in one of the two lists
+        for k in KNOWN_KEYS {
+            assert!(
+                honoured.iter().any(|h| h.0 == *k)
+                    || refused.contains(k)
+                    || k.starts_with("pinned_"),
+                "key {k} is neither honoured nor refused"
+            );
+            assert!(AllocatorConfig::is_known(k), "{k}");
+        }
     }
 
     fn err(s: &str) -> ConfigError {
@@ -1030,8 +1176,17 @@ mod tests {
                 assert_out_of_range(&format!("{key}:{v}"), key, v, &max);
             }
             assert_out_of_range(&format!("{key}:-1"), key, "-1", &max);
-            // the largest size is accepted, and in bytes it is MAX_REQUEST
-            AllocatorConfig::parse(&format!("{key}:{max}")).unwrap();
+            // the largest size passes the range check, and in bytes it is
+            // MAX_REQUEST (the host allocator's key is then refused)
+            let r = AllocatorConfig::parse(&format!("{key}:{max}"));
+            if key == "pinned_reserve_segment_size_mb" {
+                assert!(matches!(
+                    r.unwrap_err().kind,
+                    ConfigErrorKind::Unsupported { .. }
+                ));
+            } else {
+                r.unwrap();
+            }
         }
         let c = AllocatorConfig::parse(&format!("large_segment_size_mb:{max}")).unwrap();
         assert_eq!(c.large_segment_size, crate::engine::rounding::MAX_REQUEST);
@@ -1271,21 +1426,21 @@ mod tests {
             &[],
             &["max_split_size_mb:100"],
             &[
-                "expandable_segments:True,max_split_size_mb:100",
-                "release_lock_on_cudamalloc:True",
+                "idle_stream_reuse:True,max_split_size_mb:100",
+                "placement:steady",
                 "garbage_collection_threshold:0.5,release_lock_on_device_malloc:False",
                 "roundup_power2_divisions:[256:4,>:8]",
             ],
             &[
                 "large_segment_size_mb:40,per_process_memory_fraction:0.5",
-                "max_non_split_rounding_mb:50, pinned_num_register_threads:8",
+                "max_non_split_rounding_mb:50, pinned_num_register_threads:1",
                 "graph_capture_record_stream_reuse:pytorch,expandable_segments:False",
                 "large_segment_size_mb:60,max_split_size_mb:70",
-                "idle_stream_reuse:True,throw_on_cudamalloc_oom:True,backend:native",
+                "idle_stream_reuse:True,throw_on_cudamalloc_oom:False,backend:native",
             ],
             &[
-                "pinned_use_cuda_host_register:True,pinned_use_hip_host_register:False",
-                "pinned_use_background_threads:True,pinned_reserve_segment_size_mb:64",
+                "pinned_use_cuda_host_register:False,pinned_use_hip_host_register:False",
+                "pinned_use_background_threads:False,per_process_memory_fraction:0.25",
                 "",
             ],
         ];
@@ -1316,7 +1471,7 @@ mod tests {
         let mut peak = 0;
         for i in 0..100_000u32 {
             let s = format!(
-                "garbage_collection_threshold:0.{},expandable_segments:{},placement:steady",
+                "garbage_collection_threshold:0.{},idle_stream_reuse:{},placement:steady",
                 i + 1,
                 if i % 2 == 0 { "True" } else { "False" }
             );
@@ -1324,7 +1479,7 @@ mod tests {
             peak = peak.max(r.stored_bytes());
         }
         assert!(peak < 256, "stored {peak} bytes");
-        assert!(!r.config().expandable_segments);
+        assert!(!r.config().idle_stream_reuse);
         assert_eq!(r.config().garbage_collection_threshold, 0.1);
     }
 }
