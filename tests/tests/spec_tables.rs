@@ -271,6 +271,22 @@ fn fraction_capped_oom_counts_retry_ooms_and_syncs() {
 }
 
 #[test]
+fn fraction_cap_admits_a_segment_that_reaches_it_exactly() {
+    // spec 2.8 step 5: fail only when reserved + segment > allowed maximum
+    let d = Dev::with_capacity("", 8 * GIB);
+    d.a.set_memory_fraction(0.5).unwrap();
+    let a = d.alloc(3 * GIB);
+    let b = d.alloc(GIB); // reserved becomes exactly the 4 GiB allowed
+    let s = d.a.stats();
+    assert_eq!(s.reserved_bytes.all().current, 4 * GIB as i64);
+    assert_eq!((s.num_alloc_retries, s.num_ooms), (0, 0));
+    let e = d.a.allocate(2 * MIB, d.s0()).unwrap_err();
+    assert!(matches!(e, Error::OutOfMemory(_)), "{e}");
+    d.free(a);
+    d.free(b);
+}
+
+#[test]
 fn oom_message_shows_segment_size() {
     let d = Dev::with_capacity("", 64 * MIB);
     let a = d.alloc(60 * MIB);
