@@ -6,7 +6,8 @@
 //!
 //! The suite runs on the mock always; on CUDA, HIP and Level Zero when the
 //! crate is built with that feature *and* a device is present, and prints
-//! `skipped: <reason>` otherwise.
+//! `skipped: <reason>` otherwise ([`skip`]: a failure under
+//! `CACHALOT_REQUIRE_GPU=1`).
 
 pub mod capture;
 #[cfg(feature = "cuda")]
@@ -18,6 +19,17 @@ pub mod vendor;
 use std::path::PathBuf;
 
 use cachalot_core::{AllocatorConfig, Backend, CachingAllocator};
+
+/// Reports a test that cannot run here: prints `skipped: <reason>` and
+/// returns, or panics when `CACHALOT_REQUIRE_GPU` is set (to anything but
+/// `0`): the packed `run.sh` sets it on the machine with the hardware,
+/// where a skip would hide a test that never ran.
+pub fn skip(reason: impl std::fmt::Display) {
+    if std::env::var("CACHALOT_REQUIRE_GPU").is_ok_and(|v| !v.is_empty() && v != "0") {
+        panic!("CACHALOT_REQUIRE_GPU is set, and this test would skip: {reason}");
+    }
+    println!("skipped: {reason}");
+}
 
 /// The repository root (where `traces/` lives).
 pub fn repo_root() -> PathBuf {

@@ -14,12 +14,14 @@ pub mod hip {
     pub struct HipHarness;
 
     impl HipHarness {
-        /// `Ok` when the HIP runtime loads and has a device, else the reason to skip.
+        /// `Ok` when the HIP runtime loads and has a device, else the reason to
+        /// skip (no library, or no device). Panics when HIP is present but
+        /// fails to open: that is a failure, not a reason to skip.
         pub fn open() -> Result<Self, String> {
             match HipBackend::new(0) {
                 Ok(_) => Ok(Self),
                 Err(e) if e.is_unavailable() => Err(e.to_string()),
-                Err(e) => Err(format!("HIP failed to open: {e}")),
+                Err(e) => panic!("HIP failed to open: {e}"),
             }
         }
     }
@@ -61,12 +63,15 @@ pub mod level_zero {
     pub struct LevelZeroHarness;
 
     impl LevelZeroHarness {
-        /// `Ok` when the loader initializes and has a device, else the reason to skip.
+        /// `Ok` when the loader initializes and has a device, else the reason
+        /// to skip (no loader, no driver or no device). Panics when Level
+        /// Zero is present but fails to open: that is a failure, not a
+        /// reason to skip.
         pub fn open() -> Result<Self, String> {
             match LevelZeroBackend::new(0) {
                 Ok(_) => Ok(Self),
                 Err(e) if e.is_unavailable() => Err(e.to_string()),
-                Err(e) => Err(format!("Level Zero failed to open: {e}")),
+                Err(e) => panic!("Level Zero failed to open: {e}"),
             }
         }
     }

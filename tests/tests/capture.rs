@@ -217,6 +217,69 @@ fn shared_pool(config: &str) -> bool {
     reused
 }
 
+/// A block used on another stream during a capture and freed only after
+/// it: the capture's uses end with the capture (they are graph nodes, not
+/// work), so the block is free at once and keeps no stale use. Taken again
+/// in a second capture of the shared pool and freed there with no other
+/// use, it is free at once and the next allocation gets it.
+#[test]
+fn capture_uses_end_with_the_capture() {
+    for cfg in MODES {
+        let c = Cap::new(cfg);
+        let (s1, s2) = (c.stream(), c.stream());
+        let pool = graph_pool_handle();
+        c.begin(pool, s1);
+        let keep = c.alloc(T, s1, 1);
+        let x = c.alloc(T, s1, 2);
+        c.wait(s2, s1);
+        c.use_on(x, T, s2, 2);
+        c.wait(s1, s2);
+        let _g1 = c.end(pool, s1);
+        c.free(x); // outside capture (the invariant checker: no use left)
+        c.begin(pool, s1);
+        let y = c.alloc(T, s1, 3);
+        assert_eq!(y, x, "{cfg}: the block is free again");
+        c.free(y);
+        let z = c.alloc(T, s1, 4);
+        assert_eq!(z, x, "{cfg}: freed at once, taken again in the capture");
+        c.free(z);
+        c.free(keep);
+        let _g2 = c.end(pool, s1);
+    }
+}
+
+/// A block with a use recorded on another stream before the capture (eager
+/// work the graph does not order) and freed during it waits for the
+/// capture's end and that use's event: no marker of the capture can show
+/// the eager use is over, so the reclaim step must not free it.
+#[test]
+fn eager_uses_wait_for_the_capture_end() {
+    for cfg in MODES {
+        let c = Cap::new(cfg);
+        let (s1, s2) = (c.stream(), c.stream());
+        let x = c.alloc(T, s1, 1);
+        c.use_on(x, T, s2, 1); // before the capture
+        let pool = graph_pool_handle();
+        c.begin(pool, s1);
+        c.op(s1); // captured work: the free below gets markers
+        let active = c.a.stats().active_bytes.all().current;
+        c.free(x);
+        c.op(s1);
+        let y = c.alloc(T, s1, 2); // the reclaim step runs here
+        assert_eq!(
+            c.a.stats().active_bytes.all().current,
+            active + 512,
+            "{cfg}: the freed block stays active through the capture"
+        );
+        c.free(y);
+        let _g = c.end(pool, s1);
+        // after the capture its event completes and the block is free again
+        let z = c.alloc(T, s1, 3);
+        assert_eq!(z, x, "{cfg}");
+        c.free(z);
+    }
+}
+
 #[test]
 fn second_capture_into_shared_pool() {
     // 2.11: the deferred block is still active at the second capture.

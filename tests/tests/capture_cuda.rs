@@ -88,12 +88,12 @@ fn graph_reuse_h200() {
     let h = match CudaHarness::open() {
         Ok(h) => h,
         Err(reason) => {
-            println!("skipped: {reason}");
+            cachalot_conformance::skip(reason);
             return;
         }
     };
     if h.backend().capture().is_none() {
-        println!("skipped: the driver has no capture API");
+        cachalot_conformance::skip("the driver has no capture API");
         return;
     }
     let off = graph_reuse(&h, "graph_capture_record_stream_reuse:False");

@@ -1,9 +1,11 @@
 //! The conformance suite on every backend this build has: the mock always;
 //! CUDA with `--features cuda` when a device is present (skipped with a
-//! printed reason otherwise).
+//! printed reason otherwise, failed under `CACHALOT_REQUIRE_GPU=1`).
 
 use cachalot_conformance::Harness;
 use cachalot_conformance::mock::MockHarness;
+#[allow(unused_imports)]
+use cachalot_conformance::skip;
 use cachalot_conformance::suite::run_all;
 
 #[test]
@@ -21,7 +23,7 @@ fn cuda_backend() {
             let (_, failed) = run_all(&h);
             assert_eq!(failed, 0, "{failed} conformance checks failed on CUDA");
         }
-        Err(reason) => println!("skipped: cuda: {reason}"),
+        Err(reason) => skip(format_args!("cuda: {reason}")),
     }
 }
 
@@ -33,7 +35,7 @@ fn hip_backend() {
             let (_, failed) = run_all(&h);
             assert_eq!(failed, 0, "{failed} conformance checks failed on HIP");
         }
-        Err(reason) => println!("skipped: hip: {reason}"),
+        Err(reason) => skip(format_args!("hip: {reason}")),
     }
 }
 
@@ -48,7 +50,7 @@ fn level_zero_backend() {
                 "{failed} conformance checks failed on Level Zero"
             );
         }
-        Err(reason) => println!("skipped: level-zero: {reason}"),
+        Err(reason) => skip(format_args!("level-zero: {reason}")),
     }
 }
 

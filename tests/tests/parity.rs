@@ -1,9 +1,11 @@
 //! Parity with PyTorch 2.11's allocator on the recorded and synthetic traces:
-//! peak reserved, peak allocated and device allocations within the
-//! tolerances of the issue, against `shared/anchor/pytorch-cca-h200.json`
-//! (copied into `traces/pytorch-cca-h200.json`).
+//! peak reserved, peak allocated and device allocations against
+//! `shared/anchor/pytorch-cca-h200.json` (copied into
+//! `traces/pytorch-cca-h200.json`). Every figure is exact except the two
+//! of `churn_1stream` that depend on where the driver places segments
+//! (see [`churn_1stream`]).
 
-use cachalot_conformance::mock::replay_on_mock;
+use cachalot_conformance::mock::{MIB, replay_on_mock};
 use cachalot_conformance::traces_dir;
 use cachalot_core::replay::Trace;
 
@@ -13,7 +15,23 @@ fn anchor() -> serde_json::Value {
     serde_json::from_str(&text).expect("anchor json")
 }
 
-fn check(name: &str, tolerance: f64) {
+/// How far a figure may be from PyTorch's.
+#[derive(Clone, Copy)]
+struct Slack {
+    /// Peak reserved bytes.
+    reserved: i64,
+    /// Device allocations in the first pass.
+    device_allocs: i64,
+}
+
+const EXACT: Slack = Slack {
+    reserved: 0,
+    device_allocs: 0,
+};
+
+/// Replays `name` once on the mock and compares with PyTorch's figures:
+/// equal, except for the stated slack. Peak allocated is always exact.
+fn check(name: &str, slack: Slack) {
     let trace = match Trace::synthetic(name) {
         Some(t) => t,
         None => Trace::load(traces_dir().join(format!("{name}.trace"))).expect("trace"),
@@ -23,32 +41,12 @@ fn check(name: &str, tolerance: f64) {
     let want_res = a["peak_reserved"].as_i64().unwrap();
     let want_alloc = a["peak_allocated"].as_i64().unwrap();
     let want_dev = a["device_allocs_cold"].as_i64().unwrap();
-    let dev = |got: i64, want: i64| (got - want) as f64 / want as f64;
-    let (dr, da) = (
-        dev(r.peak_reserved, want_res),
-        dev(r.peak_allocated, want_alloc),
-    );
     println!(
-        "{name}: peak_reserved {} vs {want_res} ({:+.3}%), peak_allocated {} vs {want_alloc} ({:+.3}%), device allocs {} vs {want_dev}",
+        "{name}: peak_reserved {} vs {want_res} ({:+}), peak_allocated {} vs {want_alloc} ({:+}), device allocs {} vs {want_dev}",
         r.peak_reserved,
-        dr * 100.0,
+        r.peak_reserved - want_res,
         r.peak_allocated,
-        da * 100.0,
-        r.device_allocs_cold
-    );
-    assert!(
-        dr.abs() <= tolerance,
-        "{name}: peak reserved off by {:.3}%",
-        dr * 100.0
-    );
-    assert!(
-        da.abs() <= tolerance,
-        "{name}: peak allocated off by {:.3}%",
-        da * 100.0
-    );
-    assert!(
-        (r.device_allocs_cold - want_dev).abs() <= 3,
-        "{name}: {} device allocs vs {want_dev}",
+        r.peak_allocated - want_alloc,
         r.device_allocs_cold
     );
     assert_eq!(
@@ -56,36 +54,65 @@ fn check(name: &str, tolerance: f64) {
         a["ops"].as_u64().unwrap() as usize,
         "{name}: op count"
     );
+    assert_eq!(r.peak_allocated, want_alloc, "{name}: peak allocated");
+    assert!(
+        (r.peak_reserved - want_res).abs() <= slack.reserved,
+        "{name}: peak reserved {} vs PyTorch's {want_res} ({:+} B, {} B allowed)",
+        r.peak_reserved,
+        r.peak_reserved - want_res,
+        slack.reserved
+    );
+    assert!(
+        (r.device_allocs_cold - want_dev).abs() <= slack.device_allocs,
+        "{name}: {} device allocs vs PyTorch's {want_dev} ({} allowed)",
+        r.device_allocs_cold,
+        slack.device_allocs
+    );
 }
 
 #[test]
 fn gpt2_train() {
-    check("gpt2_train", 0.01);
+    check("gpt2_train", EXACT);
 }
 
 #[test]
 fn resnet50_train() {
-    check("resnet50_train", 0.01);
+    check("resnet50_train", EXACT);
 }
 
 #[test]
 fn side_stream_pipeline() {
-    check("side_stream_pipeline", 0.01);
+    check("side_stream_pipeline", EXACT);
 }
 
 #[test]
 fn hit_1mib() {
-    check("hit_1mib", 0.01);
+    check("hit_1mib", EXACT);
 }
 
+/// The one trace whose PyTorch figures move with the driver: best fit
+/// breaks size ties by address, so where the driver places each segment
+/// decides which block a request takes. The mock models the CUDA 13
+/// driver's placement, and on this trace's 1000 live blocks of random
+/// sizes one segment lands elsewhere than on the H200 the anchor was
+/// recorded on: PyTorch there made one more 2 MiB small-pool segment
+/// (8,443,133,952 B and 251 allocations; the mock 8,441,036,800 B and
+/// 250). The slack is that one small segment, no more; peak allocated
+/// (which no placement changes here) stays exact.
 #[test]
 fn churn_1stream() {
-    check("churn_1stream", 0.03);
+    check(
+        "churn_1stream",
+        Slack {
+            reserved: 2 * MIB as i64,
+            device_allocs: 1,
+        },
+    );
 }
 
 #[test]
 fn churn_4streams() {
-    check("churn_4streams", 0.03);
+    check("churn_4streams", EXACT);
 }
 
 /// Steady state. The default placement (`placement:steady`) makes no
@@ -150,7 +177,7 @@ fn steady_state_device_calls_after_the_first_pass() {
             let want = a["peak_reserved"].as_i64().unwrap();
             let extra = r.device_allocs_all - r.device_allocs_cold;
             assert!(
-                r.peak_reserved as f64 <= want as f64 * 1.005,
+                r.peak_reserved <= want,
                 "{name} {config}: {} > PyTorch's {want}",
                 r.peak_reserved
             );

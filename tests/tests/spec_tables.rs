@@ -232,6 +232,20 @@ fn release_available_cached_blocks_largest_first() {
     assert_eq!(s.num_alloc_retries, 0);
     assert_eq!(s.reserved_bytes.all().current, (150 + 200) * MIB as i64);
     d.free(x);
+    // cached 150 + 120 + 110 MiB: largest first, and only until the target
+    // is reached: 150 + 120 go, the 110 MiB block stays cached
+    let d = Dev::with_capacity("max_split_size_mb:100", 450 * MIB);
+    let ps: Vec<u64> = [150, 120, 110].iter().map(|&m| d.alloc(m * MIB)).collect();
+    for &p in &ps {
+        d.free(p);
+    }
+    let x = d.alloc(200 * MIB);
+    let s = d.a.stats();
+    assert_eq!(s.num_device_free, 2);
+    assert_eq!(s.num_alloc_retries, 0);
+    assert_eq!(s.reserved_bytes.all().current, (110 + 200) * MIB as i64);
+    assert!(d.m.live_segments().iter().any(|seg| seg.0 == ps[2]));
+    d.free(x);
 }
 
 #[test]
@@ -254,6 +268,22 @@ fn fraction_capped_oom_counts_retry_ooms_and_syncs() {
     let e = d.a.allocate(5 * GIB, d.s0()).unwrap_err();
     assert!(matches!(e, Error::NeverFits { .. }), "{e}");
     d.free(a);
+}
+
+#[test]
+fn fraction_cap_admits_a_segment_that_reaches_it_exactly() {
+    // spec 2.8 step 5: fail only when reserved + segment > allowed maximum
+    let d = Dev::with_capacity("", 8 * GIB);
+    d.a.set_memory_fraction(0.5).unwrap();
+    let a = d.alloc(3 * GIB);
+    let b = d.alloc(GIB); // reserved becomes exactly the 4 GiB allowed
+    let s = d.a.stats();
+    assert_eq!(s.reserved_bytes.all().current, 4 * GIB as i64);
+    assert_eq!((s.num_alloc_retries, s.num_ooms), (0, 0));
+    let e = d.a.allocate(2 * MIB, d.s0()).unwrap_err();
+    assert!(matches!(e, Error::OutOfMemory(_)), "{e}");
+    d.free(a);
+    d.free(b);
 }
 
 #[test]
@@ -489,4 +519,181 @@ fn dropping_the_allocator_returns_every_segment() {
     drop(d);
     assert!(m.live_segments().is_empty());
     assert_eq!(m.live_events(), 0);
+}
+
+#[test]
+fn small_blocks_split_at_a_512_byte_remainder() {
+    // small pool: a remainder of exactly kMinBlockSize (512 B) is split off
+    // (spec 2.6: remainder >= 512), so the next 512 B request fits in it
+    let d = Dev::new("");
+    let a = d.alloc(MIB); // 2 MiB segment: 1 MiB out, 1 MiB free
+    let b = d.alloc(MIB - 512); // the free 1 MiB: 512 B left over
+    assert_eq!(d.a.block_size(b), Some(MIB - 512), "split, not taken whole");
+    assert_eq!(d.a.stats().inactive_split_bytes.all().current, 512);
+    let c = d.alloc(512);
+    assert_eq!(
+        c,
+        b + MIB - 512,
+        "the 512 B remainder serves a 512 B request"
+    );
+    assert_eq!(d.a.stats().num_device_alloc, 1, "no new segment");
+    assert_eq!(d.a.stats().inactive_split.all().current, 0);
+    for p in [a, b, c] {
+        d.free(p);
+    }
+}
+
+#[test]
+fn garbage_collection_frees_the_old_and_keeps_the_young() {
+    // allowed 400 MiB, threshold 0.5 (200 MiB). A 60 MiB block is freed
+    // first; ten searches of the large pool (each takes the free 30 MiB
+    // block, which comes back young) age it; then another 60 MiB block is
+    // freed. A 70 MiB miss finds 250 MiB reserved (target 50 MiB); the
+    // mean age is (11 + 1 + 1) / 3 = 4, so only the old block (age 11) is
+    // released, which meets the target: the young ones stay cached.
+    let d = Dev::with_capacity("garbage_collection_threshold:0.5", 800 * MIB);
+    d.a.set_memory_fraction(0.5).unwrap();
+    let old = d.alloc(60 * MIB);
+    let young = d.alloc(60 * MIB);
+    let x = d.alloc(30 * MIB);
+    let live = d.alloc(100 * MIB); // keeps the stream from draining
+    d.free(old);
+    d.free(x);
+    for _ in 0..10 {
+        let p = d.alloc(30 * MIB);
+        assert_eq!(p, x, "the 30 MiB block is the best fit");
+        d.free(p);
+    }
+    d.free(young);
+    let s = d.a.stats();
+    assert_eq!(s.reserved_bytes.all().current, 250 * MIB as i64);
+    let syncs = s.num_sync_all_streams;
+    let y = d.alloc(70 * MIB);
+    let s = d.a.stats();
+    assert_eq!(s.num_device_free, 1, "only the oldest block is released");
+    assert_eq!(s.num_sync_all_streams, syncs);
+    assert_eq!(s.reserved_bytes.all().current, (250 - 60 + 70) * MIB as i64);
+    assert!(
+        d.m.live_segments().iter().all(|seg| seg.0 != old),
+        "the old segment went back to the device"
+    );
+    // the young blocks are still cached: served without a device call
+    let devs = s.num_device_alloc;
+    let p = d.alloc(60 * MIB);
+    assert_eq!(p, young);
+    let q = d.alloc(30 * MIB);
+    assert_eq!(q, x);
+    assert_eq!(d.a.stats().num_device_alloc, devs);
+    for p in [p, q, y, live] {
+        d.free(p);
+    }
+}
+
+#[test]
+fn release_available_below_target_releases_nothing_and_the_ladder_continues() {
+    // max_split_size 100 MiB, 300 MiB device. Cached: 120 MiB (oversize)
+    // and 90 MiB (not oversize). A 200 MiB request misses and cannot get
+    // a segment (210 + 200 > 300). release_available_cached_blocks: no
+    // cached block >= 200 MiB, and the oversize blocks below the target
+    // total 120 MiB < 200 MiB: it releases nothing and fails, so no second
+    // device call follows it; the last rung (sync, release all, retry)
+    // then releases both and succeeds.
+    let d = Dev::with_capacity("max_split_size_mb:100", 300 * MIB);
+    let a = d.alloc(120 * MIB);
+    let b = d.alloc(90 * MIB);
+    d.free(a);
+    d.free(b);
+    d.m.reset_counters();
+    let syncs = d.a.stats().num_sync_all_streams;
+    let x = d.alloc(200 * MIB);
+    let s = d.a.stats();
+    let c = d.m.counters();
+    assert_eq!(s.num_alloc_retries, 1, "the ladder reached its last rung");
+    assert_eq!(s.num_sync_all_streams, syncs + 1);
+    assert_eq!(s.num_device_free, 2, "both released by release-all");
+    assert_eq!(
+        (c.malloc, c.malloc_failed),
+        (2, 1),
+        "one failed device call before release-all, none after release_available"
+    );
+    assert_eq!(s.reserved_bytes.all().current, 200 * MIB as i64);
+    d.free(x);
+}
+
+#[test]
+fn oversize_stats_count_from_max_split_size_inclusive() {
+    // spec 3.2: oversize_segments counts segments >= max_split_size,
+    // oversize_allocations handed-out blocks >= max_split_size
+    let d = Dev::new("max_split_size_mb:100");
+    let below = d.alloc(98 * MIB); // a 98 MiB segment, handed out whole
+    assert_eq!(d.a.block_size(below), Some(98 * MIB));
+    let s = d.a.stats();
+    assert_eq!(s.oversize_segments.current, 0);
+    assert_eq!(s.oversize_allocations.current, 0);
+    let at = d.alloc(100 * MIB); // exactly max_split_size
+    assert_eq!(d.a.block_size(at), Some(100 * MIB));
+    let s = d.a.stats();
+    assert_eq!(
+        s.oversize_segments.current, 1,
+        "a 100 MiB segment is oversize"
+    );
+    assert_eq!(
+        s.oversize_allocations.current, 1,
+        "a 100 MiB block is oversize"
+    );
+    d.free(at);
+    let s = d.a.stats();
+    assert_eq!(s.oversize_allocations.current, 0);
+    assert_eq!(s.oversize_segments.current, 1, "still cached");
+    d.a.empty_cache().unwrap();
+    assert_eq!(d.a.stats().oversize_segments.current, 0);
+    d.free(below);
+}
+
+#[test]
+fn oversize_fit_boundaries() {
+    // spec 2.5, max_split_size 100 MiB, max_non_split_rounding 20 MiB; a
+    // live block keeps the stream from draining its pool (so the search is
+    // the best fit over active blocks, not the dormant list)
+    let d = Dev::new("max_split_size_mb:100");
+    let hold = d.alloc(MIB + 1);
+    let p = d.alloc(150 * MIB);
+    d.free(p);
+    // 150 MiB = 130 MiB + 20 MiB: not taken (block >= request + rounding)
+    let q = d.alloc(130 * MIB);
+    assert_ne!(q, p, "a block exactly 20 MiB larger is not taken");
+    d.free(q);
+    // a request one 512 B class larger: 150 MiB < 130 MiB + 512 + 20 MiB
+    let devs = d.a.stats().num_device_alloc;
+    let r = d.alloc(130 * MIB + 512);
+    assert_eq!(r, p, "a block less than 20 MiB larger is taken");
+    assert_eq!(d.a.block_size(r), Some(150 * MIB), "whole, not split");
+    assert_eq!(d.a.stats().num_device_alloc, devs);
+    d.free(r);
+    d.free(hold);
+    // free blocks of 100 MiB (exactly max_split_size, so oversize) and
+    // 110 MiB: a request below max_split_size takes neither; requests of
+    // max_split_size take them best fit first, and whole: a request of
+    // max_split_size or more is never split (spec 2.6)
+    let d = Dev::new("max_split_size_mb:100");
+    let hold = d.alloc(MIB + 1);
+    let m100 = d.alloc(100 * MIB);
+    let m110 = d.alloc(110 * MIB);
+    d.free(m100);
+    d.free(m110);
+    let below = d.alloc(100 * MIB - 512);
+    assert!(
+        below != m100 && below != m110,
+        "a request below max_split_size skips oversize blocks"
+    );
+    let devs = d.a.stats().num_device_alloc;
+    let at = d.alloc(100 * MIB);
+    assert_eq!(at, m100, "a request of max_split_size takes the best fit");
+    let at2 = d.alloc(100 * MIB);
+    assert_eq!(at2, m110, "and a block less than 20 MiB larger");
+    assert_eq!(d.a.block_size(at2), Some(110 * MIB), "whole, not split");
+    assert_eq!(d.a.stats().num_device_alloc, devs);
+    for x in [below, at, at2, hold] {
+        d.free(x);
+    }
 }

@@ -3,7 +3,11 @@
 //! * `test-cuda`: with a usable GPU, runs the CUDA test packages and prints a
 //!   pass/fail summary; without one, builds the release test and bench
 //!   binaries and packs them into `dist/cuda/` with a `run.sh` that runs them
-//!   on a GPU machine (no Rust needed there).
+//!   on a GPU machine (no Rust needed there), then runs them again under
+//!   `compute-sanitizer --tool memcheck --leak-check full` (API errors the
+//!   tests provoke on purpose are listed in `sanitizer-allow.txt`).
+//!   Wherever the tests run on the hardware (here or through `run.sh`),
+//!   `CACHALOT_REQUIRE_GPU=1` turns every "skipped: ..." into a failure.
 //! * `test-hip`, `test-level-zero`: the same for HIP (AMD, device node
 //!   `/dev/kfd`) and Level Zero (Intel, a `/dev/dri/renderD*` node), packing
 //!   into `dist/hip/` and `dist/level-zero/`. Without hardware the tests still
@@ -55,6 +59,8 @@ const CLI_BINARIES: &[(&str, &str, Option<&str>)] = &[("cachalot-cli", "cachalot
 const ANCHOR_SOURCES: &[&str] = &["cca_replay.cpp", "cca_threads.cpp"];
 
 const RUN_SH: &str = include_str!("run.sh");
+/// Driver API errors the CUDA tests provoke on purpose (run.sh's sanitizer run).
+const SANITIZER_ALLOW: &str = include_str!("sanitizer-allow.txt");
 const BENCH_SH: &str = include_str!("bench.sh");
 
 const USAGE: &str = "\
@@ -222,6 +228,17 @@ fn feature_args(cmd: &mut Command, pkg: &Package, feature: &Option<String>) {
     }
 }
 
+/// [`feature_args`] for a test build: a package built for one vendor's
+/// feature leaves its default features (the other vendors) out, so that
+/// its binaries hold no test that must skip on this vendor's machine
+/// (a failure under `CACHALOT_REQUIRE_GPU=1`).
+fn test_feature_args(cmd: &mut Command, pkg: &Package, feature: &Option<String>) {
+    feature_args(cmd, pkg, feature);
+    if feature.is_some() {
+        cmd.arg("--no-default-features");
+    }
+}
+
 /// Whether the CUDA probe finds a usable device (libcuda loads, count > 0).
 fn gpu_present() -> bool {
     let status = cargo()
@@ -252,7 +269,7 @@ fn pack_tests(
     for (pkg, feature) in selected {
         let mut cmd = cargo();
         cmd.args(["test", "--release", "--no-run", "--message-format=json"]);
-        feature_args(&mut cmd, pkg, feature);
+        test_feature_args(&mut cmd, pkg, feature);
         for (name, exe) in built_executables(cmd, pkgs, true)? {
             copy_binary(&exe, &tests_dir.join(&name), opts.strip)?;
             n += 1;
@@ -293,7 +310,7 @@ fn test_vendor(
 ) -> Res<bool> {
     let pkgs = metadata()?;
     let selected = select(&pkgs, packages);
-    let ok = run_tests_here(&selected)?;
+    let ok = run_tests_here(&selected, present)?;
     if present && !opts.pack {
         return Ok(ok);
     }
@@ -343,7 +360,7 @@ fn test_cuda(opts: &Options) -> Res<bool> {
     let pkgs = metadata()?;
     let selected = select(&pkgs, CUDA_TEST_PACKAGES);
     if !opts.pack && gpu_present() {
-        return run_tests_here(&selected);
+        return run_tests_here(&selected, true);
     }
     if !opts.pack {
         println!("xtask: no usable GPU here: packing test binaries for a GPU machine");
@@ -353,6 +370,8 @@ fn test_cuda(opts: &Options) -> Res<bool> {
     let nb = pack_benches(&pkgs, &dist, opts)?;
     let traces = pack_traces(&dist)?;
     write_script(&dist.join("run.sh"), RUN_SH)?;
+    fs::write(dist.join("sanitizer-allow.txt"), SANITIZER_ALLOW)
+        .map_err(|e| format!("writing sanitizer-allow.txt: {e}"))?;
     println!(
         "xtask: packed {n} test binaries, {nb} bench binaries{} into {}",
         if traces { " and traces/" } else { "" },
@@ -362,12 +381,17 @@ fn test_cuda(opts: &Options) -> Res<bool> {
     Ok(true)
 }
 
-fn run_tests_here(selected: &[(&Package, Option<String>)]) -> Res<bool> {
+/// Runs the selected packages' tests here; `hardware`: the device they
+/// test is present, so a test that skips fails (`CACHALOT_REQUIRE_GPU=1`).
+fn run_tests_here(selected: &[(&Package, Option<String>)], hardware: bool) -> Res<bool> {
     let mut rows: Vec<(String, Counts, bool)> = Vec::new();
     for (pkg, feature) in selected {
         let mut cmd = cargo();
         cmd.args(["test", "--release"]);
-        feature_args(&mut cmd, pkg, feature);
+        test_feature_args(&mut cmd, pkg, feature);
+        if hardware {
+            cmd.env("CACHALOT_REQUIRE_GPU", "1");
+        }
         cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
         let mut child = cmd
             .spawn()
@@ -643,5 +667,23 @@ mod tests {
     fn scripts_are_bash() {
         assert!(RUN_SH.starts_with("#!/usr/bin/env bash"));
         assert!(BENCH_SH.starts_with("#!/usr/bin/env bash"));
+    }
+
+    /// Every rule of the allow-list has run.sh's three fields, and names
+    /// a CUDA error.
+    #[test]
+    fn sanitizer_allow_list_parses() {
+        let mut rules = 0;
+        for line in SANITIZER_ALLOW.lines() {
+            let rule = line.split('#').next().unwrap_or_default();
+            let w: Vec<&str> = rule.split_whitespace().collect();
+            if w.is_empty() {
+                continue;
+            }
+            assert_eq!(w.len(), 3, "want `binary error call`: {line}");
+            assert!(w[1].starts_with("CUDA_ERROR_"), "{line}");
+            rules += 1;
+        }
+        assert!(rules > 0);
     }
 }

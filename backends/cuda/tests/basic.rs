@@ -1,5 +1,6 @@
 //! Segments, memory info, events, streams and copies on a real device.
-//! Every test prints "skipped: ..." and passes on a machine without CUDA.
+//! Every test prints "skipped: ..." and passes on a machine without CUDA
+//! (fails instead under `CACHALOT_REQUIRE_GPU=1`: see `common::skip`).
 
 mod common;
 
@@ -8,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use cachalot_core::{Backend, DeviceAllocError, Error};
 use cachalot_cuda::{CudaBackend, CudaStream};
-use common::{backend_or_skip, read_back};
+use common::{backend_or_skip, read_back, skip};
 
 const MIB: u64 = 1 << 20;
 
@@ -28,7 +29,7 @@ fn new_without_device_is_typed_error() {
         }
         Err(Error::NoDevice(reason)) => {
             assert!(!cachalot_cuda::is_available());
-            println!("skipped: no device ({reason})");
+            skip(format_args!("no device ({reason})"));
         }
         Err(e) => panic!("unexpected error {e}"),
     }
@@ -195,7 +196,10 @@ fn without_capture_stream_reports_none() {
         return;
     };
     if b.capture().is_none() {
-        println!("skipped: driver {} has no capture API", b.driver_version());
+        skip(format_args!(
+            "driver {} has no capture API",
+            b.driver_version()
+        ));
         return;
     }
     let s = b.create_stream().expect("stream");

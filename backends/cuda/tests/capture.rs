@@ -7,17 +7,17 @@ mod common;
 use cachalot_core::{Backend, CaptureStatus, DependencyUpdate};
 use cachalot_core::{CaptureQuery as _, GraphCapture as _};
 use cachalot_cuda::{CaptureMode, CudaBackend, GraphNodeKind};
-use common::{backend_or_skip, read_back};
+use common::{backend_or_skip, read_back, skip};
 
 const MIB: u64 = 1 << 20;
 
 fn capture_backend(test: &str) -> Option<CudaBackend> {
     let b = backend_or_skip(test)?;
     if b.capture().is_none() {
-        println!(
-            "skipped: {test}: driver {} has no capture API",
+        skip(format_args!(
+            "{test}: driver {} has no capture API",
             b.driver_version()
-        );
+        ));
         return None;
     }
     Some(b)

@@ -8,7 +8,7 @@ mod common;
 use cachalot_core::CaptureQuery as _;
 use cachalot_core::{Backend, CaptureStatus};
 use cachalot_cuda::{CaptureMode, GraphNodeKind};
-use common::{backend_or_skip, read_back};
+use common::{backend_or_skip, read_back, skip};
 
 const MIB: u64 = 1 << 20;
 
@@ -18,7 +18,10 @@ fn malloc_during_global_capture() {
         return;
     };
     if b.capture().is_none() {
-        println!("skipped: driver {} has no capture API", b.driver_version());
+        skip(format_args!(
+            "driver {} has no capture API",
+            b.driver_version()
+        ));
         return;
     }
     let s = b.create_stream().expect("stream");

@@ -50,6 +50,18 @@ fn open_maps_no_device_and_bad_index_to_typed_errors() {
 }
 
 #[test]
+fn an_incomplete_library_is_not_unavailable() {
+    // absent: tests skip; present without a required symbol: they fail
+    let absent = OpenError::Library(LoadError::LibraryNotFound { tried: Vec::new() });
+    assert!(absent.is_unavailable());
+    let broken = OpenError::Library(LoadError::MissingSymbol {
+        library: "libamdhip64.so.6".into(),
+        symbol: "some_entry",
+    });
+    assert!(!broken.is_unavailable(), "{broken}");
+}
+
+#[test]
 fn stub_table_is_a_clean_error_not_a_panic() {
     let api = std::sync::Arc::new(HipApi::stub());
     let e = HipBackend::with_api(api, 0).unwrap_err();

@@ -57,9 +57,14 @@ pub enum OpenError {
 
 impl OpenError {
     /// Whether HIP is simply not available here (no library or no device):
-    /// the condition under which device tests skip.
+    /// the condition under which device tests skip. A library that opens
+    /// but lacks a required symbol ([`LoadError::MissingSymbol`]) is a
+    /// broken installation, not an absent one: not unavailable.
     pub fn is_unavailable(&self) -> bool {
-        matches!(self, OpenError::Library(_) | OpenError::NoDevice { .. })
+        matches!(
+            self,
+            OpenError::Library(LoadError::LibraryNotFound { .. }) | OpenError::NoDevice { .. }
+        )
     }
 }
 

@@ -1,7 +1,9 @@
 //! The real library, no fakes: with `libamdhip64` installed and no GPU (CI),
 //! opening returns a clean typed error and the device tests skip with a
-//! printed reason; with the library absent, likewise. On a machine with an
-//! AMD GPU the smoke test runs for real.
+//! printed reason; with the library absent, likewise. A library that loads
+//! but lacks a required symbol is a failure, not a skip. On a machine with
+//! an AMD GPU the smoke test runs for real (and `CACHALOT_REQUIRE_GPU=1`
+//! makes every skip a failure).
 
 use cachalot_core::{Backend, DeviceAllocError};
 #[allow(unused_imports)]
@@ -9,7 +11,18 @@ use cachalot_core::{CaptureQuery as _, GraphCapture as _};
 use cachalot_hip::{HipBackend, OpenError};
 use cachalot_hip_sys::LoadError;
 
-/// Opens device 0, or prints why the device tests skip.
+/// Reports a test that cannot run here: prints `skipped: <reason>` and
+/// returns, or panics when `CACHALOT_REQUIRE_GPU` is set (to anything but
+/// `0`): the packed `run.sh` sets it on the machine with the hardware,
+/// where a skip would hide a test that never ran.
+fn skip(reason: impl std::fmt::Display) {
+    if std::env::var("CACHALOT_REQUIRE_GPU").is_ok_and(|v| !v.is_empty() && v != "0") {
+        panic!("CACHALOT_REQUIRE_GPU is set, and this test would skip: {reason}");
+    }
+    println!("skipped: {reason}");
+}
+
+/// Opens device 0, or skips: no library, or no device.
 fn open_or_skip(test: &str) -> Option<HipBackend> {
     match HipBackend::new(0) {
         Ok(b) => Some(b),
@@ -18,7 +31,7 @@ fn open_or_skip(test: &str) -> Option<HipBackend> {
                 e.is_unavailable(),
                 "opening failed for another reason: {e:?}"
             );
-            println!("skipped {test}: {e}");
+            skip(format_args!("{test}: {e}"));
             None
         }
     }
@@ -41,7 +54,10 @@ fn absent_library_is_a_typed_error() {
 #[test]
 fn installed_library_without_device_is_a_typed_error() {
     match cachalot_hip_sys::HipApi::load() {
-        Err(e) => println!("skipped: HIP runtime not installed: {e}"),
+        Err(e @ LoadError::LibraryNotFound { .. }) => {
+            skip(format_args!("HIP runtime not installed: {e}"))
+        }
+        Err(e) => panic!("the HIP runtime is installed but does not load: {e}"),
         Ok(api) => {
             println!("loaded {:?}", api.library_name());
             match HipBackend::with_api(api, 0) {

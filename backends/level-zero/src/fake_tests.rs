@@ -44,6 +44,18 @@ fn no_gpu_and_bad_index_are_typed_errors() {
 }
 
 #[test]
+fn an_incomplete_library_is_not_unavailable() {
+    // absent: tests skip; present without a required symbol: they fail
+    let absent = OpenError::Library(LoadError::LibraryNotFound { tried: Vec::new() });
+    assert!(absent.is_unavailable());
+    let broken = OpenError::Library(LoadError::MissingSymbol {
+        library: "libze_loader.so.1".into(),
+        symbol: "some_entry",
+    });
+    assert!(!broken.is_unavailable(), "{broken}");
+}
+
+#[test]
 fn stub_table_is_a_clean_error_not_a_panic() {
     let e = LevelZeroBackend::with_api(std::sync::Arc::new(ZeApi::stub()), 0).unwrap_err();
     assert!(e.is_unavailable(), "{e}");

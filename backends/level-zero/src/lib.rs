@@ -69,8 +69,15 @@ pub enum OpenError {
 impl OpenError {
     /// Whether Level Zero is simply not available here (no loader, no driver
     /// or no device): the condition under which device tests skip.
+    ///
+    /// A loader that opens but lacks a required symbol
+    /// ([`LoadError::MissingSymbol`]) is a broken installation, not an
+    /// absent one: not unavailable.
     pub fn is_unavailable(&self) -> bool {
-        matches!(self, OpenError::Library(_) | OpenError::NoDevice { .. })
+        matches!(
+            self,
+            OpenError::Library(LoadError::LibraryNotFound { .. }) | OpenError::NoDevice { .. }
+        )
     }
 }
 

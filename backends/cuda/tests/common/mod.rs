@@ -3,13 +3,24 @@
 
 use cachalot_cuda::CudaBackend;
 
-/// Opens device 0, or prints "skipped: <reason>" and returns `None` when this
-/// machine has no usable CUDA driver or device (CI, build machines).
+/// Reports a test that cannot run here: prints `skipped: <reason>` and
+/// returns, or panics when `CACHALOT_REQUIRE_GPU` is set (to anything but
+/// `0`): the packed `run.sh` sets it on the machine with the hardware,
+/// where a skip would hide a test that never ran.
+pub fn skip(reason: impl std::fmt::Display) {
+    if std::env::var("CACHALOT_REQUIRE_GPU").is_ok_and(|v| !v.is_empty() && v != "0") {
+        panic!("CACHALOT_REQUIRE_GPU is set, and this test would skip: {reason}");
+    }
+    println!("skipped: {reason}");
+}
+
+/// Opens device 0, or [skips](skip) and returns `None` when this machine
+/// has no usable CUDA driver or device (CI, build machines).
 pub fn backend_or_skip(test: &str) -> Option<CudaBackend> {
     match CudaBackend::new(0) {
         Ok(b) => Some(b),
         Err(cachalot_core::Error::NoDevice(reason)) => {
-            println!("skipped: {test}: {reason}");
+            skip(format_args!("{test}: {reason}"));
             None
         }
         Err(e) => panic!("{test}: CudaBackend::new(0) failed: {e}"),

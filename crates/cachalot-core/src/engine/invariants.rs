@@ -106,7 +106,10 @@ impl<B: Backend> Inner<B> {
                     .get(b.stream, b.size, b.addr);
                 if filed != Some(id) {
                     bad = Err(format!("free block {id} missing from its pool"));
-                } else if b.event_count != 0 || !b.stream_uses.is_empty() {
+                } else if b.event_count != 0
+                    || !b.stream_uses.is_empty()
+                    || !b.capture_uses.is_empty()
+                {
                     bad = Err(format!("free block {id} has pending uses"));
                 }
             }
