@@ -11,12 +11,16 @@
 //!
 //! Every field of [`HipApi`] is public so that tests can substitute fake
 //! functions: start from [`HipApi::stub`] (every entry fails with
-//! [`hipErrorNotSupported`], capture entries absent) and overwrite the entries
+//! [`hipErrorNotSupported`], optional entries absent) and overwrite the entries
 //! a test needs. This crate has no logic beyond loading; the Result-returning
 //! calls and the safe RAII types live in `cachalot-hip`.
 //!
 //! Names follow the vendor headers (`hip/hip_runtime_api.h`), so the
 //! `tests/layout.rs` test can compare them with the headers directly.
+//!
+//! The optional entries (`Option` fields) are those older runtimes may lack:
+//! the graph-capture calls, `hipRuntimeGetVersion`, `hipDeviceGetAttribute`
+//! and the eight virtual-memory calls ([`HipApi::has_virtual_memory`]).
 #![allow(non_camel_case_types, non_upper_case_globals, non_snake_case)]
 
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
@@ -97,6 +101,131 @@ pub const hipEventDefault: c_uint = 0x0;
 /// `hipEventDisableTiming`: the event records no timestamp (cheaper).
 pub const hipEventDisableTiming: c_uint = 0x2;
 
+/// `hipDeviceAttribute_t`: a C enum, `int`-sized.
+pub type hipDeviceAttribute_t = c_int;
+/// `hipDeviceAttributeMemoryPoolsSupported`: the device supports stream-ordered
+/// memory pools (the last CUDA-compatible attribute of ROCm 5.2).
+pub const hipDeviceAttributeMemoryPoolsSupported: hipDeviceAttribute_t = 88;
+/// `hipDeviceAttributeVirtualMemoryManagementSupported`: the device supports
+/// the virtual-memory calls (`hipMemAddressReserve` and the rest). Runtimes
+/// that predate the attribute (ROCm 5.2 among them) reject it with
+/// [`hipErrorInvalidValue`].
+pub const hipDeviceAttributeVirtualMemoryManagementSupported: hipDeviceAttribute_t = 89;
+
+/// `hipMemGenericAllocationHandle_t`: an opaque handle to physical memory
+/// created by `hipMemCreate`.
+pub type hipMemGenericAllocationHandle_t = *mut c_void;
+/// `hipMemLocationType`: a C enum, `int`-sized.
+pub type hipMemLocationType = c_int;
+/// `hipMemLocationTypeInvalid`.
+pub const hipMemLocationTypeInvalid: hipMemLocationType = 0;
+/// `hipMemLocationTypeDevice`: the location's id is a HIP device ordinal.
+pub const hipMemLocationTypeDevice: hipMemLocationType = 1;
+/// `hipMemAccessFlags`: a C enum, `int`-sized.
+pub type hipMemAccessFlags = c_int;
+/// `hipMemAccessFlagsProtNone`: the range is not accessible.
+pub const hipMemAccessFlagsProtNone: hipMemAccessFlags = 0;
+/// `hipMemAccessFlagsProtRead`: the range is readable.
+pub const hipMemAccessFlagsProtRead: hipMemAccessFlags = 1;
+/// `hipMemAccessFlagsProtReadWrite`: the range is readable and writable.
+pub const hipMemAccessFlagsProtReadWrite: hipMemAccessFlags = 3;
+/// `hipMemAllocationType`: a C enum, `int`-sized.
+pub type hipMemAllocationType = c_int;
+/// `hipMemAllocationTypeInvalid`.
+pub const hipMemAllocationTypeInvalid: hipMemAllocationType = 0;
+/// `hipMemAllocationTypePinned`: memory that does not migrate (the only type).
+pub const hipMemAllocationTypePinned: hipMemAllocationType = 1;
+/// `hipMemAllocationHandleType`: a C enum, `int`-sized.
+pub type hipMemAllocationHandleType = c_int;
+/// `hipMemHandleTypeNone`: the allocation cannot be exported.
+pub const hipMemHandleTypeNone: hipMemAllocationHandleType = 0;
+/// `hipMemAllocationGranularity_flags`: a C enum, `int`-sized.
+pub type hipMemAllocationGranularity_flags = c_int;
+/// `hipMemAllocationGranularityMinimum`: the granularity sizes and addresses must have.
+pub const hipMemAllocationGranularityMinimum: hipMemAllocationGranularity_flags = 0;
+/// `hipMemAllocationGranularityRecommended`: the granularity best for performance.
+pub const hipMemAllocationGranularityRecommended: hipMemAllocationGranularity_flags = 1;
+
+/// `hipMemLocation`: where memory resides or who accesses it.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct hipMemLocation {
+    /// What `id` names ([`hipMemLocationTypeDevice`]).
+    pub r#type: hipMemLocationType,
+    /// The device ordinal.
+    pub id: c_int,
+}
+
+/// `hipMemAccessDesc`: one entry of `hipMemSetAccess`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct hipMemAccessDesc {
+    /// The accessing device.
+    pub location: hipMemLocation,
+    /// The access it gets ([`hipMemAccessFlagsProtReadWrite`]).
+    pub flags: hipMemAccessFlags,
+}
+
+/// The `allocFlags` member of [`hipMemAllocationProp`].
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct hipMemAllocationPropFlags {
+    /// Compression type (0: none).
+    pub compressionType: u8,
+    /// Whether the memory may be used for GPUDirect RDMA.
+    pub gpuDirectRDMACapable: u8,
+    /// Usage flags.
+    pub usage: u16,
+}
+
+/// `hipMemAllocationProp` as ROCm 5.3 and later declare it (the layout of
+/// CUDA's `CUmemAllocationProp` without its trailing reserved bytes).
+///
+/// ROCm 5.2 and earlier declare the same fields in another order: that is
+/// [`hipMemAllocationProp_rocm52`]. Both are 32 bytes, so a runtime of one
+/// kind misreads the other's silently; pick by the runtime's version
+/// (`hipRuntimeGetVersion`) against [`HIP_VERSION_ALLOCATION_PROP_REORDERED`].
+/// `tests/layout.rs` checks whichever layout the installed header has.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct hipMemAllocationProp {
+    /// Allocation type ([`hipMemAllocationTypePinned`]).
+    pub r#type: hipMemAllocationType,
+    /// Handle type the allocation may be exported as ([`hipMemHandleTypeNone`]).
+    pub requestedHandleType: hipMemAllocationHandleType,
+    /// Where the memory resides.
+    pub location: hipMemLocation,
+    /// Windows security attributes for exported handles (null).
+    pub win32HandleMetaData: *mut c_void,
+    /// Compression, RDMA and usage flags (all zero).
+    pub allocFlags: hipMemAllocationPropFlags,
+}
+
+/// `hipMemAllocationProp` as ROCm 5.2 and earlier declare it (the Debian 12
+/// `libamdhip64-dev` header): the fields of [`hipMemAllocationProp`] in
+/// another order, with `compressionType` and `usage` at top level.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct hipMemAllocationProp_rocm52 {
+    /// Compression type (0: none).
+    pub compressionType: u8,
+    /// Where the memory resides.
+    pub location: hipMemLocation,
+    /// Handle type the allocation may be exported as ([`hipMemHandleTypeNone`]).
+    pub requestedHandleType: hipMemAllocationHandleType,
+    /// Allocation type ([`hipMemAllocationTypePinned`]).
+    pub r#type: hipMemAllocationType,
+    /// Usage flags.
+    pub usage: u16,
+    /// Windows security attributes for exported handles (null).
+    pub win32HandleMetaData: *mut c_void,
+}
+
+/// The first `hipRuntimeGetVersion` value (`HIP_VERSION` of ROCm 5.3) whose
+/// runtime takes [`hipMemAllocationProp`]; older runtimes take
+/// [`hipMemAllocationProp_rocm52`].
+pub const HIP_VERSION_ALLOCATION_PROP_REORDERED: c_int = 50_300_000;
+
 /// Names of the HIP runtime library, tried in order.
 #[cfg(not(windows))]
 pub const LIBRARY_NAMES: &[&str] = &[
@@ -174,9 +303,10 @@ macro_rules! hip_api {
     ) => {
         /// The table of HIP runtime entry points cachalot uses.
         ///
-        /// Required entries are plain function pointers; the graph-capture
-        /// entries are `Option`s because older runtimes may lack them. Fields
-        /// are public so tests can substitute fakes (see [`HipApi::stub`]).
+        /// Required entries are plain function pointers; the graph-capture,
+        /// version, attribute and virtual-memory entries are `Option`s because
+        /// older runtimes may lack them. Fields are public so tests can
+        /// substitute fakes (see [`HipApi::stub`]).
         pub struct HipApi {
             /// The library the entries were resolved from (`None` for a stub
             /// or faked table). Keeps the entries valid while the table lives.
@@ -188,7 +318,8 @@ macro_rules! hip_api {
         impl HipApi {
             /// A table with no library behind it: every required entry returns
             /// [`hipErrorNotSupported`] (`hipGetErrorName` returns null) and
-            /// every optional (capture) entry is `None`. Tests overwrite the
+            /// every optional (capture, version, attribute, virtual-memory)
+            /// entry is `None`. Tests overwrite the
             /// entries they need with fake functions.
             pub fn stub() -> Self {
                 Self {
@@ -298,6 +429,54 @@ hip_api! {
         fn hipStreamUpdateCaptureDependencies(stream: hipStream_t, deps: *mut hipGraphNode_t, n: usize, flags: c_uint) -> hipError_t;
         /// `hipError_t hipThreadExchangeStreamCaptureMode(hipStreamCaptureMode* mode)`
         fn hipThreadExchangeStreamCaptureMode(mode: *mut hipStreamCaptureMode) -> hipError_t;
+        /// `hipError_t hipRuntimeGetVersion(int* runtimeVersion)` (`HIP_VERSION`)
+        fn hipRuntimeGetVersion(version: *mut c_int) -> hipError_t;
+        /// `hipError_t hipDeviceGetAttribute(int* pi, hipDeviceAttribute_t attr, int deviceId)`
+        fn hipDeviceGetAttribute(value: *mut c_int, attr: hipDeviceAttribute_t, device: c_int) -> hipError_t;
+        /// `hipError_t hipMemGetAllocationGranularity(size_t* granularity,
+        /// const hipMemAllocationProp* prop, hipMemAllocationGranularity_flags option)`;
+        /// `prop` points at the layout the runtime takes (see [`hipMemAllocationProp`]).
+        fn hipMemGetAllocationGranularity(
+            granularity: *mut usize,
+            prop: *const c_void,
+            option: hipMemAllocationGranularity_flags
+        ) -> hipError_t;
+        /// `hipError_t hipMemAddressReserve(void** ptr, size_t size, size_t alignment,
+        /// void* addr, unsigned long long flags)`
+        fn hipMemAddressReserve(
+            ptr: *mut *mut c_void,
+            size: usize,
+            alignment: usize,
+            addr: *mut c_void,
+            flags: c_ulonglong
+        ) -> hipError_t;
+        /// `hipError_t hipMemAddressFree(void* devPtr, size_t size)`
+        fn hipMemAddressFree(ptr: *mut c_void, size: usize) -> hipError_t;
+        /// `hipError_t hipMemCreate(hipMemGenericAllocationHandle_t* handle, size_t size,
+        /// const hipMemAllocationProp* prop, unsigned long long flags)`; `prop` points
+        /// at the layout the runtime takes (see [`hipMemAllocationProp`]).
+        fn hipMemCreate(
+            handle: *mut hipMemGenericAllocationHandle_t,
+            size: usize,
+            prop: *const c_void,
+            flags: c_ulonglong
+        ) -> hipError_t;
+        /// `hipError_t hipMemRelease(hipMemGenericAllocationHandle_t handle)`
+        fn hipMemRelease(handle: hipMemGenericAllocationHandle_t) -> hipError_t;
+        /// `hipError_t hipMemMap(void* ptr, size_t size, size_t offset,
+        /// hipMemGenericAllocationHandle_t handle, unsigned long long flags)`
+        fn hipMemMap(
+            ptr: *mut c_void,
+            size: usize,
+            offset: usize,
+            handle: hipMemGenericAllocationHandle_t,
+            flags: c_ulonglong
+        ) -> hipError_t;
+        /// `hipError_t hipMemUnmap(void* ptr, size_t size)`
+        fn hipMemUnmap(ptr: *mut c_void, size: usize) -> hipError_t;
+        /// `hipError_t hipMemSetAccess(void* ptr, size_t size, const hipMemAccessDesc* desc,
+        /// size_t count)`
+        fn hipMemSetAccess(ptr: *mut c_void, size: usize, desc: *const hipMemAccessDesc, count: usize) -> hipError_t;
     }
 }
 
@@ -338,6 +517,22 @@ impl HipApi {
             && self.hipGraphAddEmptyNode.is_some()
             && self.hipStreamUpdateCaptureDependencies.is_some()
     }
+
+    /// Whether all eight virtual-memory entries are present
+    /// (`hipMemGetAllocationGranularity`, `hipMemAddressReserve`,
+    /// `hipMemAddressFree`, `hipMemCreate`, `hipMemRelease`, `hipMemMap`,
+    /// `hipMemUnmap`, `hipMemSetAccess`). Whether the device supports them
+    /// is a further question (`hipDeviceAttributeVirtualMemoryManagementSupported`).
+    pub fn has_virtual_memory(&self) -> bool {
+        self.hipMemGetAllocationGranularity.is_some()
+            && self.hipMemAddressReserve.is_some()
+            && self.hipMemAddressFree.is_some()
+            && self.hipMemCreate.is_some()
+            && self.hipMemRelease.is_some()
+            && self.hipMemMap.is_some()
+            && self.hipMemUnmap.is_some()
+            && self.hipMemSetAccess.is_some()
+    }
 }
 
 impl fmt::Debug for HipApi {
@@ -345,6 +540,7 @@ impl fmt::Debug for HipApi {
         f.debug_struct("HipApi")
             .field("library", &self.library_name())
             .field("capture", &self.has_capture())
+            .field("virtual_memory", &self.has_virtual_memory())
             .finish_non_exhaustive()
     }
 }
@@ -370,6 +566,7 @@ mod tests {
     fn stub_fails_every_call_and_lacks_capture() {
         let api = HipApi::stub();
         assert!(!api.has_capture());
+        assert!(!api.has_virtual_memory());
         assert_eq!(api.library_name(), None);
         let mut n = 0;
         // SAFETY: the stub ignores its argument; `n` is a valid out-pointer anyway.
@@ -387,7 +584,11 @@ mod tests {
     fn installed_library_loads_or_is_reported_absent() {
         match HipApi::load() {
             Ok(api) => {
-                println!("loaded {:?}", api.library_name());
+                println!(
+                    "loaded {:?} (virtual memory entries: {})",
+                    api.library_name(),
+                    api.has_virtual_memory()
+                );
                 assert!(api.library_name().is_some());
             }
             Err(e @ LoadError::LibraryNotFound { .. }) => {

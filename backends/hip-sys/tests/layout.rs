@@ -7,6 +7,7 @@
 //! `CACHALOT_REQUIRE_GPU=1`).
 
 use std::ffi::{c_int, c_uint};
+use std::mem::offset_of;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -160,6 +161,44 @@ fn constants_and_sizes_match_header() {
         ("hipStreamNonBlocking", hipStreamNonBlocking as i64),
         ("hipEventDefault", hipEventDefault as i64),
         ("hipEventDisableTiming", hipEventDisableTiming as i64),
+        (
+            "hipDeviceAttributeMemoryPoolsSupported",
+            hipDeviceAttributeMemoryPoolsSupported as i64,
+        ),
+        (
+            "hipMemLocationTypeInvalid",
+            hipMemLocationTypeInvalid as i64,
+        ),
+        ("hipMemLocationTypeDevice", hipMemLocationTypeDevice as i64),
+        (
+            "hipMemAccessFlagsProtNone",
+            hipMemAccessFlagsProtNone as i64,
+        ),
+        (
+            "hipMemAccessFlagsProtRead",
+            hipMemAccessFlagsProtRead as i64,
+        ),
+        (
+            "hipMemAccessFlagsProtReadWrite",
+            hipMemAccessFlagsProtReadWrite as i64,
+        ),
+        (
+            "hipMemAllocationTypeInvalid",
+            hipMemAllocationTypeInvalid as i64,
+        ),
+        (
+            "hipMemAllocationTypePinned",
+            hipMemAllocationTypePinned as i64,
+        ),
+        ("hipMemHandleTypeNone", hipMemHandleTypeNone as i64),
+        (
+            "hipMemAllocationGranularityMinimum",
+            hipMemAllocationGranularityMinimum as i64,
+        ),
+        (
+            "hipMemAllocationGranularityRecommended",
+            hipMemAllocationGranularityRecommended as i64,
+        ),
     ];
     let sizes: &[(&str, usize)] = &[
         ("hipError_t", size_of::<hipError_t>()),
@@ -176,6 +215,22 @@ fn constants_and_sizes_match_header() {
             size_of::<c_uint>(),
         ),
         ("int", size_of::<c_int>()),
+        ("hipDeviceAttribute_t", size_of::<hipDeviceAttribute_t>()),
+        (
+            "hipMemGenericAllocationHandle_t",
+            size_of::<hipMemGenericAllocationHandle_t>(),
+        ),
+        ("hipMemLocationType", size_of::<hipMemLocationType>()),
+        ("hipMemAccessFlags", size_of::<hipMemAccessFlags>()),
+        ("hipMemAllocationType", size_of::<hipMemAllocationType>()),
+        (
+            "hipMemAllocationHandleType",
+            size_of::<hipMemAllocationHandleType>(),
+        ),
+        (
+            "hipMemAllocationGranularity_flags",
+            size_of::<hipMemAllocationGranularity_flags>(),
+        ),
     ];
     let mut src =
         String::from("#include <hip/hip_runtime_api.h>\n#include <stdio.h>\nint main(void) {\n");
@@ -245,6 +300,18 @@ fn signatures_match_header() {
         "hipError_t (*f_hipGraphAddEmptyNode)(hipGraphNode_t*, hipGraph_t, const hipGraphNode_t*, size_t) = hipGraphAddEmptyNode;",
         "hipError_t (*f_hipStreamUpdateCaptureDependencies)(hipStream_t, hipGraphNode_t*, size_t, unsigned int) = hipStreamUpdateCaptureDependencies;",
         "hipError_t (*f_hipThreadExchangeStreamCaptureMode)(hipStreamCaptureMode*) = hipThreadExchangeStreamCaptureMode;",
+        "hipError_t (*f_hipRuntimeGetVersion)(int*) = hipRuntimeGetVersion;",
+        "hipError_t (*f_hipDeviceGetAttribute)(int*, hipDeviceAttribute_t, int) = hipDeviceGetAttribute;",
+        // `prop` is `*const c_void` in Rust: the struct's layout depends on
+        // the runtime's version (see `hipMemAllocationProp`).
+        "hipError_t (*f_hipMemGetAllocationGranularity)(size_t*, const hipMemAllocationProp*, hipMemAllocationGranularity_flags) = hipMemGetAllocationGranularity;",
+        "hipError_t (*f_hipMemAddressReserve)(void**, size_t, size_t, void*, unsigned long long) = hipMemAddressReserve;",
+        "hipError_t (*f_hipMemAddressFree)(void*, size_t) = hipMemAddressFree;",
+        "hipError_t (*f_hipMemCreate)(hipMemGenericAllocationHandle_t*, size_t, const hipMemAllocationProp*, unsigned long long) = hipMemCreate;",
+        "hipError_t (*f_hipMemRelease)(hipMemGenericAllocationHandle_t) = hipMemRelease;",
+        "hipError_t (*f_hipMemMap)(void*, size_t, size_t, hipMemGenericAllocationHandle_t, unsigned long long) = hipMemMap;",
+        "hipError_t (*f_hipMemUnmap)(void*, size_t) = hipMemUnmap;",
+        "hipError_t (*f_hipMemSetAccess)(void*, size_t, const hipMemAccessDesc*, size_t) = hipMemSetAccess;",
     ];
     let mut src = String::from("#include <hip/hip_runtime_api.h>\n");
     for p in protos {
@@ -252,4 +319,237 @@ fn signatures_match_header() {
         src.push('\n');
     }
     compile("sigs", include, &src, false);
+}
+
+/// `(C expression, Rust value)` pairs for the size, alignment and field
+/// offsets of a struct.
+fn struct_layout(
+    ty: &str,
+    size: usize,
+    align: usize,
+    fields: &[(&str, usize)],
+) -> Vec<(String, i64)> {
+    let mut v = vec![
+        (format!("sizeof({ty})"), size as i64),
+        (format!("_Alignof({ty})"), align as i64),
+    ];
+    for (field, off) in fields {
+        v.push((format!("offsetof({ty}, {field})"), *off as i64));
+    }
+    v
+}
+
+fn location_and_access_layouts() -> Vec<(String, i64)> {
+    let mut v = struct_layout(
+        "hipMemLocation",
+        size_of::<hipMemLocation>(),
+        align_of::<hipMemLocation>(),
+        &[
+            ("type", offset_of!(hipMemLocation, r#type)),
+            ("id", offset_of!(hipMemLocation, id)),
+        ],
+    );
+    v.extend(struct_layout(
+        "hipMemAccessDesc",
+        size_of::<hipMemAccessDesc>(),
+        align_of::<hipMemAccessDesc>(),
+        &[
+            ("location", offset_of!(hipMemAccessDesc, location)),
+            ("flags", offset_of!(hipMemAccessDesc, flags)),
+        ],
+    ));
+    v
+}
+
+/// `hipMemAllocationProp` of ROCm 5.3 and later, as the header spells its fields.
+fn current_prop_layout() -> Vec<(String, i64)> {
+    let flags = offset_of!(hipMemAllocationProp, allocFlags);
+    struct_layout(
+        "hipMemAllocationProp",
+        size_of::<hipMemAllocationProp>(),
+        align_of::<hipMemAllocationProp>(),
+        &[
+            ("type", offset_of!(hipMemAllocationProp, r#type)),
+            (
+                "requestedHandleType",
+                offset_of!(hipMemAllocationProp, requestedHandleType),
+            ),
+            ("location", offset_of!(hipMemAllocationProp, location)),
+            (
+                "win32HandleMetaData",
+                offset_of!(hipMemAllocationProp, win32HandleMetaData),
+            ),
+            ("allocFlags", flags),
+            (
+                "allocFlags.compressionType",
+                flags + offset_of!(hipMemAllocationPropFlags, compressionType),
+            ),
+            (
+                "allocFlags.gpuDirectRDMACapable",
+                flags + offset_of!(hipMemAllocationPropFlags, gpuDirectRDMACapable),
+            ),
+            (
+                "allocFlags.usage",
+                flags + offset_of!(hipMemAllocationPropFlags, usage),
+            ),
+        ],
+    )
+}
+
+/// `hipMemAllocationProp` of ROCm 5.2 and earlier ([`hipMemAllocationProp_rocm52`]).
+fn rocm52_prop_layout() -> Vec<(String, i64)> {
+    struct_layout(
+        "hipMemAllocationProp",
+        size_of::<hipMemAllocationProp_rocm52>(),
+        align_of::<hipMemAllocationProp_rocm52>(),
+        &[
+            (
+                "compressionType",
+                offset_of!(hipMemAllocationProp_rocm52, compressionType),
+            ),
+            (
+                "location",
+                offset_of!(hipMemAllocationProp_rocm52, location),
+            ),
+            (
+                "requestedHandleType",
+                offset_of!(hipMemAllocationProp_rocm52, requestedHandleType),
+            ),
+            ("type", offset_of!(hipMemAllocationProp_rocm52, r#type)),
+            ("usage", offset_of!(hipMemAllocationProp_rocm52, usage)),
+            (
+                "win32HandleMetaData",
+                offset_of!(hipMemAllocationProp_rocm52, win32HandleMetaData),
+            ),
+        ],
+    )
+}
+
+fn printf_lines(exprs: &[(String, i64)]) -> String {
+    exprs
+        .iter()
+        .map(|(e, _)| format!("  printf(\"%s %lld\\n\", \"{e}\", (long long)({e}));\n"))
+        .collect()
+}
+
+/// The virtual-memory structs against the installed header: `hipMemLocation`
+/// and `hipMemAccessDesc` always; `hipMemAllocationProp` against
+/// [`hipMemAllocationProp`] when the header is ROCm 5.3 or later and against
+/// [`hipMemAllocationProp_rocm52`] before (Debian 12 ships ROCm 5.2); and the
+/// virtual-memory device attribute where the header has it.
+#[test]
+fn virtual_memory_structs_match_header() {
+    let Some(include) = header_dir() else {
+        println!("skipped: {HEADER} not found (install libamdhip64-dev)");
+        return;
+    };
+    let common = location_and_access_layouts();
+    let current = current_prop_layout();
+    let rocm52 = rocm52_prop_layout();
+    let attr = (
+        "hipDeviceAttributeVirtualMemoryManagementSupported".to_owned(),
+        i64::from(hipDeviceAttributeVirtualMemoryManagementSupported),
+    );
+    let mut src = String::from(
+        "#include <hip/hip_runtime_api.h>\n#include <stdio.h>\n#include <stddef.h>\nint main(void) {\n",
+    );
+    src.push_str("  printf(\"HIP_VERSION %lld\\n\", (long long)HIP_VERSION);\n");
+    src.push_str(&printf_lines(&common));
+    src.push_str("#if HIP_VERSION >= 50300000\n");
+    src.push_str(&printf_lines(&current));
+    src.push_str("#else\n");
+    src.push_str(&printf_lines(&rocm52));
+    src.push_str("#endif\n");
+    // The attribute is in the ROCm 6.2 headers and later (not in 5.2's);
+    // in between it may or may not be, so only those are compared.
+    src.push_str("#if HIP_VERSION >= 60200000\n");
+    src.push_str(&printf_lines(std::slice::from_ref(&attr)));
+    src.push_str("#endif\n");
+    src.push_str("  return 0;\n}\n");
+    let Some(out) = compile("vmm", include, &src, true) else {
+        return;
+    };
+    let mut lines = out.lines();
+    let version: i64 = lines
+        .next()
+        .and_then(|l| l.strip_prefix("HIP_VERSION "))
+        .and_then(|v| v.parse().ok())
+        .expect("HIP_VERSION line");
+    let mut expected = common;
+    if version >= i64::from(HIP_VERSION_ALLOCATION_PROP_REORDERED) {
+        expected.extend(current);
+    } else {
+        expected.extend(rocm52);
+    }
+    if version >= 60_200_000 {
+        expected.push(attr);
+    }
+    let lines: Vec<&str> = lines.collect();
+    assert_eq!(lines.len(), expected.len(), "{out}");
+    for (line, (expr, value)) in lines.iter().zip(&expected) {
+        let (name, got) = line.rsplit_once(' ').expect("name value");
+        assert_eq!(name, expr);
+        assert_eq!(
+            got.parse::<i64>().expect("number"),
+            *value,
+            "{expr} differs from {HEADER} (HIP_VERSION {version})"
+        );
+    }
+    println!(
+        "checked {} layout facts against HIP_VERSION {version}",
+        lines.len()
+    );
+}
+
+/// The two `hipMemAllocationProp` layouts as the ROCm headers declare them
+/// (5.3 and later: CUDA's order; 5.2: compression first), checked without a
+/// header so that the one the installed header cannot confirm is pinned too.
+#[test]
+fn allocation_prop_layouts_are_the_documented_ones() {
+    let off = |v: &[(String, i64)], f: &str| {
+        v.iter()
+            .find(|(e, _)| e == &format!("offsetof(hipMemAllocationProp, {f})"))
+            .map(|(_, o)| *o)
+            .expect("field")
+    };
+    let cur = current_prop_layout();
+    assert_eq!(size_of::<hipMemAllocationProp>(), 32);
+    assert_eq!(
+        [
+            "type",
+            "requestedHandleType",
+            "location",
+            "win32HandleMetaData",
+            "allocFlags"
+        ]
+        .map(|f| off(&cur, f)),
+        [0, 4, 8, 16, 24]
+    );
+    assert_eq!(
+        ["allocFlags.gpuDirectRDMACapable", "allocFlags.usage"].map(|f| off(&cur, f)),
+        [25, 26]
+    );
+    let old = rocm52_prop_layout();
+    assert_eq!(size_of::<hipMemAllocationProp_rocm52>(), 32);
+    assert_eq!(
+        [
+            "compressionType",
+            "location",
+            "requestedHandleType",
+            "type",
+            "usage",
+            "win32HandleMetaData"
+        ]
+        .map(|f| off(&old, f)),
+        [0, 4, 12, 16, 20, 24]
+    );
+    assert_eq!(
+        (size_of::<hipMemLocation>(), size_of::<hipMemAccessDesc>()),
+        (8, 12)
+    );
+    // In every header that has it, the attribute follows the memory-pool one.
+    assert_eq!(
+        hipDeviceAttributeVirtualMemoryManagementSupported,
+        hipDeviceAttributeMemoryPoolsSupported + 1
+    );
 }

@@ -4,7 +4,7 @@
 #![allow(non_snake_case, non_upper_case_globals)]
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
 use std::sync::Arc;
 
@@ -16,6 +16,108 @@ pub struct Capture {
     pub id: u64,
     pub graph: usize,
     pub terminals: Vec<usize>,
+}
+
+/// Physical memory from the fake `hipMemCreate`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Physical {
+    pub size: usize,
+    /// How many mappings use it.
+    pub mappings: usize,
+}
+
+/// One mapping made by the fake `hipMemMap`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mapping {
+    pub size: usize,
+    pub handle: usize,
+    /// Device -> access flags set by `hipMemSetAccess`.
+    pub access: BTreeMap<c_int, hipMemAccessFlags>,
+}
+
+/// The fake runtime's virtual-memory state: reservations of a limited
+/// address space, physical allocations counted against the device's
+/// memory (with `hipMalloc`), mappings and access. Misuse answers as a
+/// runtime would: `hipErrorInvalidValue` for bad sizes, ranges and handles
+/// (mapping twice, unmapping what is not mapped), `hipErrorIllegalState` for
+/// freeing a reservation with mappings in it or releasing mapped memory,
+/// `hipErrorOutOfMemory` when memory or address space is exhausted.
+#[derive(Debug)]
+pub struct Vmm {
+    /// What `hipRuntimeGetVersion` reports; below 5.3 `hipMemCreate` and
+    /// `hipMemGetAllocationGranularity` read the ROCm 5.2 layout.
+    pub runtime_version: c_int,
+    /// `hipDeviceAttributeVirtualMemoryManagementSupported`; `None`: the
+    /// runtime predates the attribute (`hipErrorInvalidValue`).
+    pub attribute: Option<c_int>,
+    /// The minimum granularity (the recommended one is twice it).
+    pub granularity: usize,
+    /// Error the next granularity query returns.
+    pub granularity_error: Option<hipError_t>,
+    /// Error the next `hipMemCreate` returns instead of allocating.
+    pub create_error: Option<hipError_t>,
+    /// Bytes of address space that may be reserved at once.
+    pub va_limit: usize,
+    pub va_used: usize,
+    pub next_va: usize,
+    /// Start -> size.
+    pub reservations: BTreeMap<usize, usize>,
+    pub physicals: HashMap<usize, Physical>,
+    /// Start -> mapping.
+    pub mappings: BTreeMap<usize, Mapping>,
+    /// Every granularity option asked for.
+    pub granularity_options: Vec<hipMemAllocationGranularity_flags>,
+}
+
+impl Default for Vmm {
+    fn default() -> Self {
+        Self {
+            runtime_version: 60_200_000,
+            attribute: Some(1),
+            granularity: 2 << 20,
+            granularity_error: None,
+            create_error: None,
+            va_limit: 1 << 34,
+            va_used: 0,
+            next_va: 0x1000_0000_0000,
+            reservations: BTreeMap::new(),
+            physicals: HashMap::new(),
+            mappings: BTreeMap::new(),
+            granularity_options: Vec::new(),
+        }
+    }
+}
+
+impl Vmm {
+    /// Whether nothing is reserved, created or mapped.
+    pub fn is_empty(&self) -> bool {
+        self.reservations.is_empty() && self.physicals.is_empty() && self.mappings.is_empty()
+    }
+
+    fn aligned(&self, v: usize) -> bool {
+        v != 0 && v.is_multiple_of(self.granularity)
+    }
+
+    /// The starts of the mappings that tile `[ptr, ptr + size)` exactly, or
+    /// `None` when some byte is unmapped or a mapping crosses an end.
+    fn tiling(&self, ptr: usize, size: usize) -> Option<Vec<usize>> {
+        let end = ptr.checked_add(size)?;
+        if let Some((&s, m)) = self.mappings.range(..ptr).next_back()
+            && s + m.size > ptr
+        {
+            return None;
+        }
+        let mut at = ptr;
+        let mut starts = Vec::new();
+        for (&s, m) in self.mappings.range(ptr..end) {
+            if s != at || s + m.size > end {
+                return None;
+            }
+            starts.push(s);
+            at = s + m.size;
+        }
+        (at == end && !starts.is_empty()).then_some(starts)
+    }
 }
 
 /// The fake device's state.
@@ -46,6 +148,7 @@ pub struct State {
     pub nodes: HashMap<usize, Vec<usize>>,
     pub set_device_calls: Vec<c_int>,
     pub device_syncs: usize,
+    pub vm: Vmm,
 }
 
 impl Default for State {
@@ -72,6 +175,7 @@ impl Default for State {
             nodes: HashMap::new(),
             set_device_calls: Vec::new(),
             device_syncs: 0,
+            vm: Vmm::default(),
         }
     }
 }
@@ -148,6 +252,16 @@ pub fn api() -> Arc<HipApi> {
     t.hipGraphAddEmptyNode = Some(hipGraphAddEmptyNode);
     t.hipStreamUpdateCaptureDependencies = Some(hipStreamUpdateCaptureDependencies);
     t.hipThreadExchangeStreamCaptureMode = Some(hipThreadExchangeStreamCaptureMode);
+    t.hipRuntimeGetVersion = Some(hipRuntimeGetVersion);
+    t.hipDeviceGetAttribute = Some(hipDeviceGetAttribute);
+    t.hipMemGetAllocationGranularity = Some(hipMemGetAllocationGranularity);
+    t.hipMemAddressReserve = Some(hipMemAddressReserve);
+    t.hipMemAddressFree = Some(hipMemAddressFree);
+    t.hipMemCreate = Some(hipMemCreate);
+    t.hipMemRelease = Some(hipMemRelease);
+    t.hipMemMap = Some(hipMemMap);
+    t.hipMemUnmap = Some(hipMemUnmap);
+    t.hipMemSetAccess = Some(hipMemSetAccess);
     Arc::new(t)
 }
 
@@ -486,4 +600,289 @@ unsafe extern "C" fn hipThreadExchangeStreamCaptureMode(
     let new = unsafe { *mode };
     with(|s| put(mode, std::mem::replace(&mut s.capture_mode, new)));
     hipSuccess
+}
+
+unsafe extern "C" fn hipRuntimeGetVersion(v: *mut c_int) -> hipError_t {
+    with(|s| put(v, s.vm.runtime_version));
+    hipSuccess
+}
+
+unsafe extern "C" fn hipDeviceGetAttribute(
+    v: *mut c_int,
+    attr: hipDeviceAttribute_t,
+    device: c_int,
+) -> hipError_t {
+    with(|s| {
+        if device < 0 || device >= s.device_count {
+            return hipErrorInvalidDevice;
+        }
+        match (attr, s.vm.attribute) {
+            (hipDeviceAttributeVirtualMemoryManagementSupported, Some(a)) => {
+                put(v, a);
+                hipSuccess
+            }
+            _ => {
+                s.sticky = hipErrorInvalidValue;
+                hipErrorInvalidValue
+            }
+        }
+    })
+}
+
+/// Reads and checks a `hipMemAllocationProp` in the layout of the fake
+/// runtime's version: pinned memory on a present device, not exportable,
+/// uncompressed. Any other field value is `hipErrorInvalidValue` (a bad
+/// device `hipErrorInvalidDevice`), so a table passing the wrong layout fails.
+fn check_prop(s: &State, prop: *const c_void) -> Result<c_int, hipError_t> {
+    assert!(!prop.is_null(), "fake HIP: null hipMemAllocationProp");
+    let (ty, handle, location, flags) =
+        if s.vm.runtime_version >= HIP_VERSION_ALLOCATION_PROP_REORDERED {
+            // SAFETY: the caller passes a live struct; this runtime's layout is the current one.
+            let p = unsafe { *prop.cast::<hipMemAllocationProp>() };
+            (
+                p.r#type,
+                p.requestedHandleType,
+                p.location,
+                (
+                    p.allocFlags.compressionType,
+                    p.allocFlags.usage,
+                    p.win32HandleMetaData,
+                ),
+            )
+        } else {
+            // SAFETY: as above, in the ROCm 5.2 layout.
+            let p = unsafe { *prop.cast::<hipMemAllocationProp_rocm52>() };
+            (
+                p.r#type,
+                p.requestedHandleType,
+                p.location,
+                (p.compressionType, p.usage, p.win32HandleMetaData),
+            )
+        };
+    if ty != hipMemAllocationTypePinned
+        || handle != hipMemHandleTypeNone
+        || location.r#type != hipMemLocationTypeDevice
+        || flags != (0, 0, std::ptr::null_mut())
+    {
+        return Err(hipErrorInvalidValue);
+    }
+    if location.id < 0 || location.id >= s.device_count {
+        return Err(hipErrorInvalidDevice);
+    }
+    Ok(location.id)
+}
+
+unsafe extern "C" fn hipMemGetAllocationGranularity(
+    g: *mut usize,
+    prop: *const c_void,
+    option: hipMemAllocationGranularity_flags,
+) -> hipError_t {
+    with(|s| {
+        s.vm.granularity_options.push(option);
+        if let Some(e) = s.vm.granularity_error.take() {
+            s.sticky = e;
+            return e;
+        }
+        if let Err(e) = check_prop(s, prop) {
+            return e;
+        }
+        match option {
+            hipMemAllocationGranularityMinimum => put(g, s.vm.granularity),
+            hipMemAllocationGranularityRecommended => put(g, 2 * s.vm.granularity),
+            _ => return hipErrorInvalidValue,
+        }
+        hipSuccess
+    })
+}
+
+unsafe extern "C" fn hipMemAddressReserve(
+    p: *mut *mut c_void,
+    size: usize,
+    alignment: usize,
+    _addr: *mut c_void,
+    flags: c_ulonglong,
+) -> hipError_t {
+    with(|s| {
+        let vm = &mut s.vm;
+        if flags != 0 || !vm.aligned(size) || (alignment != 0 && !alignment.is_power_of_two()) {
+            return hipErrorInvalidValue;
+        }
+        if vm.va_used + size > vm.va_limit {
+            s.sticky = hipErrorOutOfMemory;
+            return hipErrorOutOfMemory;
+        }
+        let start = vm.next_va.next_multiple_of(vm.granularity.max(alignment));
+        // A guard gap, so that ranges never touch.
+        vm.next_va = start + size + vm.granularity;
+        vm.va_used += size;
+        vm.reservations.insert(start, size);
+        put(p, start as *mut c_void);
+        hipSuccess
+    })
+}
+
+unsafe extern "C" fn hipMemAddressFree(p: *mut c_void, size: usize) -> hipError_t {
+    with(|s| {
+        let vm = &mut s.vm;
+        let start = p as usize;
+        if vm.reservations.get(&start) != Some(&size) {
+            return hipErrorInvalidValue;
+        }
+        if vm.mappings.range(start..start + size).next().is_some() {
+            return hipErrorIllegalState;
+        }
+        vm.reservations.remove(&start);
+        vm.va_used -= size;
+        hipSuccess
+    })
+}
+
+unsafe extern "C" fn hipMemCreate(
+    h: *mut hipMemGenericAllocationHandle_t,
+    size: usize,
+    prop: *const c_void,
+    flags: c_ulonglong,
+) -> hipError_t {
+    with(|s| {
+        if let Err(e) = check_prop(s, prop) {
+            return e;
+        }
+        if flags != 0 || !s.vm.aligned(size) {
+            return hipErrorInvalidValue;
+        }
+        if let Some(e) = s.vm.create_error.take() {
+            s.sticky = e;
+            return e;
+        }
+        if s.used + size > s.total {
+            s.sticky = hipErrorOutOfMemory;
+            return hipErrorOutOfMemory;
+        }
+        let handle = s.handle(16);
+        s.used += size;
+        s.vm.physicals
+            .insert(handle, Physical { size, mappings: 0 });
+        put(h, handle as hipMemGenericAllocationHandle_t);
+        hipSuccess
+    })
+}
+
+unsafe extern "C" fn hipMemRelease(h: hipMemGenericAllocationHandle_t) -> hipError_t {
+    with(|s| match s.vm.physicals.get(&(h as usize)) {
+        None => hipErrorInvalidValue,
+        Some(p) if p.mappings > 0 => hipErrorIllegalState,
+        Some(p) => {
+            s.used -= p.size;
+            s.vm.physicals.remove(&(h as usize));
+            hipSuccess
+        }
+    })
+}
+
+unsafe extern "C" fn hipMemMap(
+    p: *mut c_void,
+    size: usize,
+    offset: usize,
+    h: hipMemGenericAllocationHandle_t,
+    flags: c_ulonglong,
+) -> hipError_t {
+    with(|s| {
+        let vm = &mut s.vm;
+        let (start, handle) = (p as usize, h as usize);
+        if flags != 0 || offset != 0 || !vm.aligned(size) || !start.is_multiple_of(vm.granularity) {
+            return hipErrorInvalidValue;
+        }
+        let Some(phys) = vm.physicals.get(&handle) else {
+            return hipErrorInvalidValue;
+        };
+        if size > phys.size {
+            return hipErrorInvalidValue;
+        }
+        let end = start + size;
+        let inside = vm
+            .reservations
+            .range(..=start)
+            .next_back()
+            .is_some_and(|(&r, &rs)| end <= r + rs);
+        if !inside {
+            return hipErrorInvalidValue;
+        }
+        let overlaps = vm
+            .mappings
+            .range(..end)
+            .next_back()
+            .is_some_and(|(&m, mp)| m + mp.size > start);
+        if overlaps {
+            return hipErrorInvalidValue;
+        }
+        vm.mappings.insert(
+            start,
+            Mapping {
+                size,
+                handle,
+                access: BTreeMap::new(),
+            },
+        );
+        if let Some(phys) = vm.physicals.get_mut(&handle) {
+            phys.mappings += 1;
+        }
+        hipSuccess
+    })
+}
+
+unsafe extern "C" fn hipMemUnmap(p: *mut c_void, size: usize) -> hipError_t {
+    with(|s| {
+        let vm = &mut s.vm;
+        let Some(starts) = vm.tiling(p as usize, size) else {
+            return hipErrorInvalidValue;
+        };
+        for start in starts {
+            if let Some(m) = vm.mappings.remove(&start)
+                && let Some(phys) = vm.physicals.get_mut(&m.handle)
+            {
+                phys.mappings -= 1;
+            }
+        }
+        hipSuccess
+    })
+}
+
+unsafe extern "C" fn hipMemSetAccess(
+    p: *mut c_void,
+    size: usize,
+    desc: *const hipMemAccessDesc,
+    count: usize,
+) -> hipError_t {
+    if count == 0 || desc.is_null() {
+        return hipErrorInvalidValue;
+    }
+    // SAFETY: the caller passes `count` readable descriptors.
+    let descs = unsafe { std::slice::from_raw_parts(desc, count) }.to_vec();
+    with(|s| {
+        for d in &descs {
+            if d.location.r#type != hipMemLocationTypeDevice
+                || ![
+                    hipMemAccessFlagsProtNone,
+                    hipMemAccessFlagsProtRead,
+                    hipMemAccessFlagsProtReadWrite,
+                ]
+                .contains(&d.flags)
+            {
+                return hipErrorInvalidValue;
+            }
+            if d.location.id < 0 || d.location.id >= s.device_count {
+                return hipErrorInvalidDevice;
+            }
+        }
+        let Some(starts) = s.vm.tiling(p as usize, size) else {
+            return hipErrorInvalidValue;
+        };
+        for start in starts {
+            let m = s.vm.mappings.get_mut(&start).expect("tiled");
+            for d in &descs {
+                m.access.insert(d.location.id, d.flags);
+            }
+        }
+        hipSuccess
+    })
 }

@@ -397,3 +397,222 @@ pub unsafe fn stream_update_capture_dependencies(
     // SAFETY: `dp` points at `copy.len()` nodes owned by this frame.
     check(CALL, unsafe { f(stream, dp, copy.len(), flags) })
 }
+
+/// `hipRuntimeGetVersion` (`HIP_VERSION`: major·10⁷ + minor·10⁵ + patch).
+/// `Ok(None)` when the runtime lacks the call.
+pub fn runtime_version(api: &HipApi) -> Result<Option<c_int>, HipError> {
+    let Some(f) = api.hipRuntimeGetVersion else {
+        return Ok(None);
+    };
+    let mut v: c_int = 0;
+    // SAFETY: `v` is a valid out-pointer for the duration of the call.
+    check("hipRuntimeGetVersion", unsafe { f(&mut v) })?;
+    Ok(Some(v))
+}
+
+/// `hipDeviceGetAttribute(attr, device)`.
+pub fn device_attribute(
+    api: &HipApi,
+    attr: hipDeviceAttribute_t,
+    device: c_int,
+) -> Result<c_int, HipError> {
+    const CALL: &str = "hipDeviceGetAttribute";
+    let f = api.hipDeviceGetAttribute.ok_or(missing(CALL))?;
+    let mut v: c_int = 0;
+    // SAFETY: `v` is a valid out-pointer; attribute and device are plain
+    // values (an unknown one is an error code).
+    check(CALL, unsafe { f(&mut v, attr, device) })?;
+    Ok(v)
+}
+
+/// Which `hipMemAllocationProp` layout a runtime takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PropLayout {
+    /// ROCm 5.3 and later: [`hipMemAllocationProp`].
+    Current,
+    /// ROCm 5.2 and earlier: [`hipMemAllocationProp_rocm52`].
+    Rocm52,
+}
+
+impl PropLayout {
+    /// The layout of the runtime whose `hipRuntimeGetVersion` is `version`.
+    pub fn for_runtime(version: c_int) -> Self {
+        if version >= HIP_VERSION_ALLOCATION_PROP_REORDERED {
+            PropLayout::Current
+        } else {
+            PropLayout::Rocm52
+        }
+    }
+}
+
+/// A `hipMemAllocationProp` in the layout of the runtime it is passed to.
+#[derive(Debug, Clone, Copy)]
+pub enum AllocationProp {
+    /// ROCm 5.3 and later.
+    Current(hipMemAllocationProp),
+    /// ROCm 5.2 and earlier.
+    Rocm52(hipMemAllocationProp_rocm52),
+}
+
+impl AllocationProp {
+    /// Pinned memory on `device`, not exportable, uncompressed.
+    pub fn pinned_on(device: c_int, layout: PropLayout) -> Self {
+        let location = hipMemLocation {
+            r#type: hipMemLocationTypeDevice,
+            id: device,
+        };
+        match layout {
+            PropLayout::Current => AllocationProp::Current(hipMemAllocationProp {
+                r#type: hipMemAllocationTypePinned,
+                requestedHandleType: hipMemHandleTypeNone,
+                location,
+                win32HandleMetaData: std::ptr::null_mut(),
+                allocFlags: hipMemAllocationPropFlags::default(),
+            }),
+            PropLayout::Rocm52 => AllocationProp::Rocm52(hipMemAllocationProp_rocm52 {
+                compressionType: 0,
+                location,
+                requestedHandleType: hipMemHandleTypeNone,
+                r#type: hipMemAllocationTypePinned,
+                usage: 0,
+                win32HandleMetaData: std::ptr::null_mut(),
+            }),
+        }
+    }
+
+    /// The pointer to pass as `const hipMemAllocationProp*`.
+    fn as_ptr(&self) -> *const c_void {
+        match self {
+            AllocationProp::Current(p) => (p as *const hipMemAllocationProp).cast(),
+            AllocationProp::Rocm52(p) => (p as *const hipMemAllocationProp_rocm52).cast(),
+        }
+    }
+}
+
+/// `hipMemGetAllocationGranularity(prop, option)`.
+pub fn mem_get_allocation_granularity(
+    api: &HipApi,
+    prop: &AllocationProp,
+    option: hipMemAllocationGranularity_flags,
+) -> Result<usize, HipError> {
+    const CALL: &str = "hipMemGetAllocationGranularity";
+    let f = api.hipMemGetAllocationGranularity.ok_or(missing(CALL))?;
+    let mut g: usize = 0;
+    // SAFETY: `g` is a valid out-pointer; `prop` points at a live struct of
+    // the layout the runtime takes (the caller chose it by version).
+    check(CALL, unsafe { f(&mut g, prop.as_ptr(), option) })?;
+    Ok(g)
+}
+
+/// `hipMemAddressReserve(size, alignment, addr = null, flags = 0)`.
+pub fn mem_address_reserve(
+    api: &HipApi,
+    size: usize,
+    alignment: usize,
+) -> Result<*mut c_void, HipError> {
+    const CALL: &str = "hipMemAddressReserve";
+    let f = api.hipMemAddressReserve.ok_or(missing(CALL))?;
+    let mut p: *mut c_void = std::ptr::null_mut();
+    // SAFETY: `p` is a valid out-pointer; no address is requested.
+    check(CALL, unsafe {
+        f(&mut p, size, alignment, std::ptr::null_mut(), 0)
+    })?;
+    Ok(p)
+}
+
+/// `hipMemAddressFree`.
+///
+/// # Safety
+/// `[ptr, ptr + size)` must be a whole range from [`mem_address_reserve`],
+/// nothing mapped in it, unused afterwards.
+pub unsafe fn mem_address_free(
+    api: &HipApi,
+    ptr: *mut c_void,
+    size: usize,
+) -> Result<(), HipError> {
+    const CALL: &str = "hipMemAddressFree";
+    let f = api.hipMemAddressFree.ok_or(missing(CALL))?;
+    // SAFETY: the caller's guarantee.
+    check(CALL, unsafe { f(ptr, size) })
+}
+
+/// `hipMemCreate(size, prop, flags = 0)`.
+pub fn mem_create(
+    api: &HipApi,
+    size: usize,
+    prop: &AllocationProp,
+) -> Result<hipMemGenericAllocationHandle_t, HipError> {
+    const CALL: &str = "hipMemCreate";
+    let f = api.hipMemCreate.ok_or(missing(CALL))?;
+    let mut h: hipMemGenericAllocationHandle_t = std::ptr::null_mut();
+    // SAFETY: `h` is a valid out-pointer; `prop` points at a live struct of
+    // the layout the runtime takes.
+    check(CALL, unsafe { f(&mut h, size, prop.as_ptr(), 0) })?;
+    Ok(h)
+}
+
+/// `hipMemRelease`.
+///
+/// # Safety
+/// `handle` must come from [`mem_create`], be released once and unused afterwards.
+pub unsafe fn mem_release(
+    api: &HipApi,
+    handle: hipMemGenericAllocationHandle_t,
+) -> Result<(), HipError> {
+    const CALL: &str = "hipMemRelease";
+    let f = api.hipMemRelease.ok_or(missing(CALL))?;
+    // SAFETY: the caller's guarantee.
+    check(CALL, unsafe { f(handle) })
+}
+
+/// `hipMemMap(ptr, size, offset = 0, handle, flags = 0)`.
+///
+/// # Safety
+/// `[ptr, ptr + size)` must lie in a range from [`mem_address_reserve`] and
+/// `handle` be live physical memory of at least `size` bytes.
+pub unsafe fn mem_map(
+    api: &HipApi,
+    ptr: *mut c_void,
+    size: usize,
+    handle: hipMemGenericAllocationHandle_t,
+) -> Result<(), HipError> {
+    const CALL: &str = "hipMemMap";
+    let f = api.hipMemMap.ok_or(missing(CALL))?;
+    // SAFETY: the caller's guarantee.
+    check(CALL, unsafe { f(ptr, size, 0, handle, 0) })
+}
+
+/// `hipMemUnmap`.
+///
+/// # Safety
+/// `[ptr, ptr + size)` must be mapped by [`mem_map`] and no pending work use it.
+pub unsafe fn mem_unmap(api: &HipApi, ptr: *mut c_void, size: usize) -> Result<(), HipError> {
+    const CALL: &str = "hipMemUnmap";
+    let f = api.hipMemUnmap.ok_or(missing(CALL))?;
+    // SAFETY: the caller's guarantee.
+    check(CALL, unsafe { f(ptr, size) })
+}
+
+/// `hipMemSetAccess(ptr, size, {device, read-write}, 1)`.
+///
+/// # Safety
+/// `[ptr, ptr + size)` must be mapped by [`mem_map`].
+pub unsafe fn mem_set_access(
+    api: &HipApi,
+    ptr: *mut c_void,
+    size: usize,
+    device: c_int,
+) -> Result<(), HipError> {
+    const CALL: &str = "hipMemSetAccess";
+    let f = api.hipMemSetAccess.ok_or(missing(CALL))?;
+    let desc = hipMemAccessDesc {
+        location: hipMemLocation {
+            r#type: hipMemLocationTypeDevice,
+            id: device,
+        },
+        flags: hipMemAccessFlagsProtReadWrite,
+    };
+    // SAFETY: `desc` is one valid descriptor for the call; the caller
+    // vouches for the range.
+    check(CALL, unsafe { f(ptr, size, &desc, 1) })
+}

@@ -176,6 +176,30 @@ fn constants_sizes_and_offsets_match_header() {
         ),
         ("ZE_EVENT_SCOPE_FLAG_HOST", ZE_EVENT_SCOPE_FLAG_HOST),
         ("ZE_MAX_DEVICE_NAME", ZE_MAX_DEVICE_NAME as u32),
+        (
+            "ZE_RESULT_ERROR_HANDLE_OBJECT_IN_USE",
+            ZE_RESULT_ERROR_HANDLE_OBJECT_IN_USE,
+        ),
+        (
+            "ZE_RESULT_ERROR_UNSUPPORTED_ALIGNMENT",
+            ZE_RESULT_ERROR_UNSUPPORTED_ALIGNMENT,
+        ),
+        (
+            "ZE_STRUCTURE_TYPE_PHYSICAL_MEM_DESC",
+            ZE_STRUCTURE_TYPE_PHYSICAL_MEM_DESC,
+        ),
+        (
+            "ZE_MEMORY_ACCESS_ATTRIBUTE_NONE",
+            ZE_MEMORY_ACCESS_ATTRIBUTE_NONE,
+        ),
+        (
+            "ZE_MEMORY_ACCESS_ATTRIBUTE_READWRITE",
+            ZE_MEMORY_ACCESS_ATTRIBUTE_READWRITE,
+        ),
+        (
+            "ZE_MEMORY_ACCESS_ATTRIBUTE_READONLY",
+            ZE_MEMORY_ACCESS_ATTRIBUTE_READONLY,
+        ),
     ]
     .iter()
     .map(|(n, v)| (n.to_string(), i64::from(*v)))
@@ -203,6 +227,18 @@ fn constants_sizes_and_offsets_match_header() {
         ),
         ("ze_driver_handle_t", size_of::<ze_driver_handle_t>()),
         ("ze_event_handle_t", size_of::<ze_event_handle_t>()),
+        (
+            "ze_physical_mem_handle_t",
+            size_of::<ze_physical_mem_handle_t>(),
+        ),
+        (
+            "ze_physical_mem_flags_t",
+            size_of::<ze_physical_mem_flags_t>(),
+        ),
+        (
+            "ze_memory_access_attribute_t",
+            size_of::<ze_memory_access_attribute_t>(),
+        ),
     ] {
         expected.push((format!("sizeof({ty})"), size as i64));
     }
@@ -214,6 +250,7 @@ fn constants_sizes_and_offsets_match_header() {
         ze_device_memory_properties_t { stype, pNext, flags, maxClockRate, maxBusWidth, totalSize, name }
         ze_event_pool_desc_t { stype, pNext, flags, count }
         ze_event_desc_t { stype, pNext, index, signal, wait }
+        ze_physical_mem_desc_t { stype, pNext, flags, size }
     );
     let mut src = String::from(
         "#include <level_zero/ze_api.h>\n#include <stdio.h>\n#include <stddef.h>\n#include <stdalign.h>\nint main(void) {\n",
@@ -269,6 +306,14 @@ fn signatures_match_header() {
         "ze_result_t (*f_zeEventHostReset)(ze_event_handle_t) = zeEventHostReset;",
         "ze_result_t (*f_zeMemAllocDevice)(ze_context_handle_t, const ze_device_mem_alloc_desc_t*, size_t, size_t, ze_device_handle_t, void**) = zeMemAllocDevice;",
         "ze_result_t (*f_zeMemFree)(ze_context_handle_t, void*) = zeMemFree;",
+        "ze_result_t (*f_zeVirtualMemReserve)(ze_context_handle_t, const void*, size_t, void**) = zeVirtualMemReserve;",
+        "ze_result_t (*f_zeVirtualMemFree)(ze_context_handle_t, const void*, size_t) = zeVirtualMemFree;",
+        "ze_result_t (*f_zeVirtualMemQueryPageSize)(ze_context_handle_t, ze_device_handle_t, size_t, size_t*) = zeVirtualMemQueryPageSize;",
+        "ze_result_t (*f_zePhysicalMemCreate)(ze_context_handle_t, ze_device_handle_t, ze_physical_mem_desc_t*, ze_physical_mem_handle_t*) = zePhysicalMemCreate;",
+        "ze_result_t (*f_zePhysicalMemDestroy)(ze_context_handle_t, ze_physical_mem_handle_t) = zePhysicalMemDestroy;",
+        "ze_result_t (*f_zeVirtualMemMap)(ze_context_handle_t, const void*, size_t, ze_physical_mem_handle_t, size_t, ze_memory_access_attribute_t) = zeVirtualMemMap;",
+        "ze_result_t (*f_zeVirtualMemUnmap)(ze_context_handle_t, const void*, size_t) = zeVirtualMemUnmap;",
+        "ze_result_t (*f_zeVirtualMemSetAccessAttribute)(ze_context_handle_t, const void*, size_t, ze_memory_access_attribute_t) = zeVirtualMemSetAccessAttribute;",
     ];
     let mut src = String::from("#include <level_zero/ze_api.h>\n");
     for p in protos {

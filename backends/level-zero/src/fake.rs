@@ -4,7 +4,7 @@
 #![allow(non_snake_case)]
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::c_void;
 use std::sync::Arc;
 
@@ -19,6 +19,103 @@ pub enum Ev {
     Pending,
     /// Signaled.
     Signaled,
+}
+
+/// Physical memory from the fake `zePhysicalMemCreate`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Physical {
+    pub size: usize,
+    /// How many mappings use it.
+    pub mappings: usize,
+}
+
+/// One mapping made by the fake `zeVirtualMemMap`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mapping {
+    pub size: usize,
+    pub handle: usize,
+    /// The access attribute, from the map or the last `zeVirtualMemSetAccessAttribute`.
+    pub access: ze_memory_access_attribute_t,
+}
+
+/// The fake driver's virtual-memory state: reservations of a limited address
+/// space, physical memory counted against the device's memory (with
+/// `zeMemAllocDevice`), mappings and their access. Misuse answers as a driver
+/// would: `ZE_RESULT_ERROR_UNSUPPORTED_ALIGNMENT` for sizes and addresses
+/// off the page size, `ZE_RESULT_ERROR_INVALID_ARGUMENT` for bad ranges
+/// (mapping twice, unmapping what is not mapped),
+/// `ZE_RESULT_ERROR_HANDLE_OBJECT_IN_USE` for freeing a reservation with
+/// mappings in it or destroying mapped memory, and
+/// `ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY` when memory or address space runs out.
+#[derive(Debug)]
+pub struct Vmm {
+    /// The page size of allocations of 2 MiB and more, which every size and
+    /// address must be a multiple of (smaller ones are told 64 KiB).
+    pub page: usize,
+    /// Error the next page-size query returns.
+    pub query_error: Option<ze_result_t>,
+    /// Sizes the page size was asked for.
+    pub queries: Vec<usize>,
+    /// Error the next `zePhysicalMemCreate` returns instead of allocating.
+    pub create_error: Option<ze_result_t>,
+    /// Bytes of address space that may be reserved at once.
+    pub va_limit: usize,
+    pub va_used: usize,
+    pub next_va: usize,
+    /// Start -> size.
+    pub reservations: BTreeMap<usize, usize>,
+    pub physicals: HashMap<usize, Physical>,
+    /// Start -> mapping.
+    pub mappings: BTreeMap<usize, Mapping>,
+}
+
+impl Default for Vmm {
+    fn default() -> Self {
+        Self {
+            page: 2 << 20,
+            query_error: None,
+            queries: Vec::new(),
+            create_error: None,
+            va_limit: 1 << 34,
+            va_used: 0,
+            next_va: 0xff00_0000_0000,
+            reservations: BTreeMap::new(),
+            physicals: HashMap::new(),
+            mappings: BTreeMap::new(),
+        }
+    }
+}
+
+impl Vmm {
+    /// Whether nothing is reserved, created or mapped.
+    pub fn is_empty(&self) -> bool {
+        self.reservations.is_empty() && self.physicals.is_empty() && self.mappings.is_empty()
+    }
+
+    fn aligned(&self, v: usize) -> bool {
+        v.is_multiple_of(self.page)
+    }
+
+    /// The starts of the mappings that tile `[ptr, ptr + size)` exactly, or
+    /// `None` when some byte is unmapped or a mapping crosses an end.
+    fn tiling(&self, ptr: usize, size: usize) -> Option<Vec<usize>> {
+        let end = ptr.checked_add(size)?;
+        if let Some((&s, m)) = self.mappings.range(..ptr).next_back()
+            && s + m.size > ptr
+        {
+            return None;
+        }
+        let mut at = ptr;
+        let mut starts = Vec::new();
+        for (&s, m) in self.mappings.range(ptr..end) {
+            if s != at || s + m.size > end {
+                return None;
+            }
+            starts.push(s);
+            at = s + m.size;
+        }
+        (at == end && !starts.is_empty()).then_some(starts)
+    }
 }
 
 /// The fake driver's state.
@@ -39,6 +136,7 @@ pub struct State {
     /// Barriers leave their event pending until `complete_all`.
     pub hold: bool,
     pub waits: Vec<(usize, usize)>,
+    pub vm: Vmm,
 }
 
 impl Default for State {
@@ -58,6 +156,7 @@ impl Default for State {
             allocs: HashMap::new(),
             hold: false,
             waits: Vec::new(),
+            vm: Vmm::default(),
         }
     }
 }
@@ -124,6 +223,14 @@ pub fn api() -> Arc<ZeApi> {
     t.zeEventHostReset = zeEventHostReset;
     t.zeMemAllocDevice = zeMemAllocDevice;
     t.zeMemFree = zeMemFree;
+    t.zeVirtualMemReserve = Some(zeVirtualMemReserve);
+    t.zeVirtualMemFree = Some(zeVirtualMemFree);
+    t.zeVirtualMemQueryPageSize = Some(zeVirtualMemQueryPageSize);
+    t.zePhysicalMemCreate = Some(zePhysicalMemCreate);
+    t.zePhysicalMemDestroy = Some(zePhysicalMemDestroy);
+    t.zeVirtualMemMap = Some(zeVirtualMemMap);
+    t.zeVirtualMemUnmap = Some(zeVirtualMemUnmap);
+    t.zeVirtualMemSetAccessAttribute = Some(zeVirtualMemSetAccessAttribute);
     Arc::new(t)
 }
 
@@ -220,7 +327,7 @@ unsafe extern "C" fn zeContextCreate(
 unsafe extern "C" fn zeContextDestroy(c: ze_context_handle_t) -> ze_result_t {
     call("zeContextDestroy", |s| {
         assert!(
-            s.lists.is_empty() && s.pools.is_empty(),
+            s.lists.is_empty() && s.pools.is_empty() && s.vm.physicals.is_empty(),
             "context destroyed before its objects"
         );
         s.contexts.remove(&(c as usize));
@@ -409,5 +516,256 @@ unsafe extern "C" fn zeMemFree(_c: ze_context_handle_t, p: *mut c_void) -> ze_re
             ZE_RESULT_SUCCESS
         }
         None => ZE_RESULT_ERROR_INVALID_ARGUMENT,
+    })
+}
+
+/// Checks the context handle of a virtual-memory call.
+fn known_context(s: &State, c: ze_context_handle_t) -> Result<(), ze_result_t> {
+    if s.contexts.contains(&(c as usize)) {
+        Ok(())
+    } else {
+        Err(ZE_RESULT_ERROR_INVALID_NULL_HANDLE)
+    }
+}
+
+unsafe extern "C" fn zeVirtualMemQueryPageSize(
+    c: ze_context_handle_t,
+    _d: ze_device_handle_t,
+    size: usize,
+    out: *mut usize,
+) -> ze_result_t {
+    call("zeVirtualMemQueryPageSize", |s| {
+        if let Err(e) = known_context(s, c) {
+            return e;
+        }
+        s.vm.queries.push(size);
+        if let Some(e) = s.vm.query_error.take() {
+            return e;
+        }
+        if size == 0 {
+            return ZE_RESULT_ERROR_INVALID_SIZE;
+        }
+        put(out, if size >= 2 << 20 { s.vm.page } else { 64 << 10 });
+        ZE_RESULT_SUCCESS
+    })
+}
+
+unsafe extern "C" fn zeVirtualMemReserve(
+    c: ze_context_handle_t,
+    _start: *const c_void,
+    size: usize,
+    out: *mut *mut c_void,
+) -> ze_result_t {
+    call("zeVirtualMemReserve", |s| {
+        if let Err(e) = known_context(s, c) {
+            return e;
+        }
+        let vm = &mut s.vm;
+        if size == 0 {
+            return ZE_RESULT_ERROR_INVALID_SIZE;
+        }
+        if !vm.aligned(size) {
+            return ZE_RESULT_ERROR_UNSUPPORTED_ALIGNMENT;
+        }
+        if vm.va_used + size > vm.va_limit {
+            return ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY;
+        }
+        let start = vm.next_va.next_multiple_of(vm.page);
+        // A guard gap, so that ranges never touch.
+        vm.next_va = start + size + vm.page;
+        vm.va_used += size;
+        vm.reservations.insert(start, size);
+        put(out, start as *mut c_void);
+        ZE_RESULT_SUCCESS
+    })
+}
+
+unsafe extern "C" fn zeVirtualMemFree(
+    c: ze_context_handle_t,
+    p: *const c_void,
+    size: usize,
+) -> ze_result_t {
+    call("zeVirtualMemFree", |s| {
+        if let Err(e) = known_context(s, c) {
+            return e;
+        }
+        let vm = &mut s.vm;
+        let start = p as usize;
+        if vm.reservations.get(&start) != Some(&size) {
+            return ZE_RESULT_ERROR_INVALID_ARGUMENT;
+        }
+        if vm.mappings.range(start..start + size).next().is_some() {
+            return ZE_RESULT_ERROR_HANDLE_OBJECT_IN_USE;
+        }
+        vm.reservations.remove(&start);
+        vm.va_used -= size;
+        ZE_RESULT_SUCCESS
+    })
+}
+
+unsafe extern "C" fn zePhysicalMemCreate(
+    c: ze_context_handle_t,
+    _d: ze_device_handle_t,
+    desc: *mut ze_physical_mem_desc_t,
+    out: *mut ze_physical_mem_handle_t,
+) -> ze_result_t {
+    // SAFETY: the caller passes a valid descriptor.
+    let desc = unsafe { *desc };
+    assert_eq!(desc.stype, ZE_STRUCTURE_TYPE_PHYSICAL_MEM_DESC);
+    call("zePhysicalMemCreate", |s| {
+        if let Err(e) = known_context(s, c) {
+            return e;
+        }
+        if desc.flags != 0 || !desc.pNext.is_null() {
+            return ZE_RESULT_ERROR_INVALID_ARGUMENT;
+        }
+        if desc.size == 0 {
+            return ZE_RESULT_ERROR_INVALID_SIZE;
+        }
+        if !s.vm.aligned(desc.size) {
+            return ZE_RESULT_ERROR_UNSUPPORTED_ALIGNMENT;
+        }
+        if let Some(e) = s.vm.create_error.take() {
+            return e;
+        }
+        if s.used + desc.size as u64 > s.total {
+            return ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY;
+        }
+        let h = s.handle();
+        s.used += desc.size as u64;
+        s.vm.physicals.insert(
+            h,
+            Physical {
+                size: desc.size,
+                mappings: 0,
+            },
+        );
+        put(out, h as ze_physical_mem_handle_t);
+        ZE_RESULT_SUCCESS
+    })
+}
+
+unsafe extern "C" fn zePhysicalMemDestroy(
+    c: ze_context_handle_t,
+    h: ze_physical_mem_handle_t,
+) -> ze_result_t {
+    call("zePhysicalMemDestroy", |s| {
+        if let Err(e) = known_context(s, c) {
+            return e;
+        }
+        match s.vm.physicals.get(&(h as usize)) {
+            None => ZE_RESULT_ERROR_INVALID_NULL_HANDLE,
+            Some(p) if p.mappings > 0 => ZE_RESULT_ERROR_HANDLE_OBJECT_IN_USE,
+            Some(p) => {
+                s.used -= p.size as u64;
+                s.vm.physicals.remove(&(h as usize));
+                ZE_RESULT_SUCCESS
+            }
+        }
+    })
+}
+
+unsafe extern "C" fn zeVirtualMemMap(
+    c: ze_context_handle_t,
+    p: *const c_void,
+    size: usize,
+    h: ze_physical_mem_handle_t,
+    offset: usize,
+    access: ze_memory_access_attribute_t,
+) -> ze_result_t {
+    call("zeVirtualMemMap", |s| {
+        if let Err(e) = known_context(s, c) {
+            return e;
+        }
+        let vm = &mut s.vm;
+        let (start, handle) = (p as usize, h as usize);
+        if access > ZE_MEMORY_ACCESS_ATTRIBUTE_READONLY || offset != 0 {
+            return ZE_RESULT_ERROR_INVALID_ARGUMENT;
+        }
+        if size == 0 {
+            return ZE_RESULT_ERROR_INVALID_SIZE;
+        }
+        if !vm.aligned(size) || !vm.aligned(start) {
+            return ZE_RESULT_ERROR_UNSUPPORTED_ALIGNMENT;
+        }
+        let Some(phys) = vm.physicals.get(&handle) else {
+            return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
+        };
+        if size > phys.size {
+            return ZE_RESULT_ERROR_INVALID_SIZE;
+        }
+        let end = start + size;
+        let inside = vm
+            .reservations
+            .range(..=start)
+            .next_back()
+            .is_some_and(|(&r, &rs)| end <= r + rs);
+        let overlaps = vm
+            .mappings
+            .range(..end)
+            .next_back()
+            .is_some_and(|(&m, mp)| m + mp.size > start);
+        if !inside || overlaps {
+            return ZE_RESULT_ERROR_INVALID_ARGUMENT;
+        }
+        vm.mappings.insert(
+            start,
+            Mapping {
+                size,
+                handle,
+                access,
+            },
+        );
+        if let Some(phys) = vm.physicals.get_mut(&handle) {
+            phys.mappings += 1;
+        }
+        ZE_RESULT_SUCCESS
+    })
+}
+
+unsafe extern "C" fn zeVirtualMemUnmap(
+    c: ze_context_handle_t,
+    p: *const c_void,
+    size: usize,
+) -> ze_result_t {
+    call("zeVirtualMemUnmap", |s| {
+        if let Err(e) = known_context(s, c) {
+            return e;
+        }
+        let vm = &mut s.vm;
+        let Some(starts) = vm.tiling(p as usize, size) else {
+            return ZE_RESULT_ERROR_INVALID_ARGUMENT;
+        };
+        for start in starts {
+            if let Some(m) = vm.mappings.remove(&start)
+                && let Some(phys) = vm.physicals.get_mut(&m.handle)
+            {
+                phys.mappings -= 1;
+            }
+        }
+        ZE_RESULT_SUCCESS
+    })
+}
+
+unsafe extern "C" fn zeVirtualMemSetAccessAttribute(
+    c: ze_context_handle_t,
+    p: *const c_void,
+    size: usize,
+    access: ze_memory_access_attribute_t,
+) -> ze_result_t {
+    call("zeVirtualMemSetAccessAttribute", |s| {
+        if let Err(e) = known_context(s, c) {
+            return e;
+        }
+        if access > ZE_MEMORY_ACCESS_ATTRIBUTE_READONLY {
+            return ZE_RESULT_ERROR_INVALID_ARGUMENT;
+        }
+        let Some(starts) = s.vm.tiling(p as usize, size) else {
+            return ZE_RESULT_ERROR_INVALID_ARGUMENT;
+        };
+        for start in starts {
+            s.vm.mappings.get_mut(&start).expect("tiled").access = access;
+        }
+        ZE_RESULT_SUCCESS
     })
 }

@@ -3,7 +3,10 @@
 //! The oneAPI Level Zero (Intel GPU) backend of cachalot:
 //! [`LevelZeroBackend`] implements [`cachalot_core::Backend`] over
 //! `zeMemAllocDevice`/`zeMemFree`, immediate command lists as streams, event
-//! pools and events, and the device memory properties.
+//! pools and events, the device memory properties and, where the loader and
+//! driver have it, virtual memory ([`ZeVirtualMemory`] over
+//! `zeVirtualMemReserve`, `zePhysicalMemCreate`, `zeVirtualMemMap`,
+//! `zeVirtualMemSetAccessAttribute` and their inverses).
 //!
 //! Level Zero has no stream capture: [`Backend::capture`] is `None` ([`cachalot_core::NoCapture`]),
 //! so the engine rejects capture calls with
@@ -20,9 +23,11 @@
 //!
 //! Two documented differences from CUDA semantics: Level Zero cannot report
 //! free device memory through its core API, so [`Backend::memory_info`]
-//! reports the total minus what this backend has allocated; and `zeMemFree`
-//! does not wait for pending work, so [`Backend::free`] first synchronizes
-//! every stream of the backend (as `cudaFree` implicitly does).
+//! reports the total minus what this backend has allocated (segments and
+//! physical memory); and `zeMemFree` does not wait for pending work, so
+//! [`Backend::free`] first synchronizes every stream of the backend (as
+//! `cudaFree` implicitly does), and so does [`VirtualMemory::unmap`] before
+//! `zeVirtualMemUnmap`.
 
 pub mod result;
 
@@ -32,7 +37,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cachalot_core::{
-    Backend, BackendError, DeviceAllocError, DeviceIndex, MemoryInfo, NoCapture, NoVirtualMemory,
+    Backend, BackendError, DeviceAllocError, DeviceIndex, MemoryInfo, NoCapture, VirtualMemory,
 };
 pub use cachalot_level_zero_sys as sys;
 use cachalot_level_zero_sys::{LoadError, ZeApi};
@@ -42,6 +47,9 @@ use crate::result::ZeError;
 const NAME: &str = "level-zero";
 /// Events per event pool.
 const POOL_SIZE: u32 = 64;
+/// The allocation size whose page size ([`VirtualMemory::granularity`]) is
+/// asked for: 2 MiB, at and above which drivers use their large pages.
+const PAGE_QUERY_SIZE: usize = 2 << 20;
 
 /// Why a [`LevelZeroBackend`] could not be opened.
 #[derive(Debug)]
@@ -287,10 +295,11 @@ pub struct LevelZeroBackend {
     index: DeviceIndex,
     ordinal: u32,
     total: u64,
-    allocated: AtomicU64,
+    allocated: Arc<AtomicU64>,
     registry: Registry,
     pools: Arc<EventPools>,
     default: OwnedStream,
+    vmm: Option<ZeVirtualMemory>,
 }
 
 impl LevelZeroBackend {
@@ -331,18 +340,22 @@ impl LevelZeroBackend {
         });
         let registry: Registry = Arc::default();
         let default = Self::new_stream(&ctx, &registry, ordinal).map_err(OpenError::Driver)?;
+        let pools = Arc::new(EventPools {
+            ctx: ctx.clone(),
+            state: Mutex::default(),
+        });
+        let allocated = Arc::new(AtomicU64::new(0));
+        let vmm = ZeVirtualMemory::probe(&pools, &registry, &allocated, device);
         Ok(Self {
-            pools: Arc::new(EventPools {
-                ctx: ctx.clone(),
-                state: Mutex::default(),
-            }),
+            pools,
             ctx,
             index: device,
             ordinal,
             total,
-            allocated: AtomicU64::new(0),
+            allocated,
             registry,
             default,
+            vmm,
         })
     }
 
@@ -404,20 +417,44 @@ impl LevelZeroBackend {
     }
 
     fn new_event(&self) -> Result<ZeEvent, BackendError> {
-        let (p, i, pool) = self.pools.take_slot().map_err(backend_error)?;
-        // SAFETY: `pool` is live and slot `i` is free.
-        match unsafe { result::event_create(&self.ctx.api, raw(pool), i) } {
-            Ok(ev) => Ok(ZeEvent {
-                pools: self.pools.clone(),
-                raw: handle(ev),
-                slot: (p, i),
-            }),
-            Err(e) => {
-                self.pools.put_slot((p, i));
-                Err(backend_error(e))
-            }
+        new_event(&self.pools)
+    }
+}
+
+fn new_event(pools: &Arc<EventPools>) -> Result<ZeEvent, BackendError> {
+    let (p, i, pool) = pools.take_slot().map_err(backend_error)?;
+    // SAFETY: `pool` is live and slot `i` is free.
+    match unsafe { result::event_create(&pools.ctx.api, raw(pool), i) } {
+        Ok(ev) => Ok(ZeEvent {
+            pools: pools.clone(),
+            raw: handle(ev),
+            slot: (p, i),
+        }),
+        Err(e) => {
+            pools.put_slot((p, i));
+            Err(backend_error(e))
         }
     }
+}
+
+/// Blocks until all work appended so far to every list of `registry` has
+/// completed: a barrier signalling one event, waited for, per list.
+fn synchronize_lists(pools: &Arc<EventPools>, registry: &Registry) -> Result<(), BackendError> {
+    let api = &pools.ctx.api;
+    let lists = lock(registry).clone();
+    let ev = new_event(pools)?;
+    for list in lists {
+        // SAFETY: the event is owned and live, and complete (fresh or waited
+        // for below) so a host reset is safe; `list` is a live list of the
+        // registry.
+        unsafe {
+            result::event_host_reset(api, ev.as_raw())
+                .and_then(|()| result::append_barrier(api, raw(list), ev.as_raw()))
+                .and_then(|()| result::event_host_synchronize(api, ev.as_raw()))
+        }
+        .map_err(backend_error)?;
+    }
+    ev.destroy()
 }
 
 impl Backend for LevelZeroBackend {
@@ -425,7 +462,7 @@ impl Backend for LevelZeroBackend {
     type Event = ZeEvent;
     type Ptr = u64;
     type Capture = NoCapture;
-    type VirtualMemory = NoVirtualMemory;
+    type VirtualMemory = ZeVirtualMemory;
 
     fn name(&self) -> &'static str {
         NAME
@@ -521,13 +558,256 @@ impl Backend for LevelZeroBackend {
     }
 
     fn synchronize_device(&self) -> Result<(), BackendError> {
-        let lists = lock(&self.registry).clone();
-        let ev = self.new_event()?;
-        for list in lists {
-            self.record_event(&ev, ZeStream(list))?;
-            self.synchronize_event(&ev)?;
+        synchronize_lists(&self.pools, &self.registry)
+    }
+
+    fn virtual_memory(&self) -> Option<&ZeVirtualMemory> {
+        self.vmm.as_ref()
+    }
+}
+
+/// Physical device memory from `zePhysicalMemCreate`
+/// ([`VirtualMemory::create_physical`]), destroyed on drop or with
+/// [`VirtualMemory::release_physical`].
+#[derive(Debug)]
+pub struct ZePhysical {
+    ctx: Arc<Context>,
+    allocated: Arc<AtomicU64>,
+    raw: u64,
+    size: u64,
+}
+
+impl ZePhysical {
+    /// Its size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The raw `ze_physical_mem_handle_t`.
+    pub fn as_raw(&self) -> *mut c_void {
+        raw(self.raw)
+    }
+
+    /// Destroys the memory, consuming the handle whatever the driver answers.
+    fn destroy(&mut self) -> Result<(), ZeError> {
+        let h = std::mem::take(&mut self.raw);
+        // SAFETY: `self` owned the handle, now 0 so it is not destroyed twice.
+        let r = unsafe { result::physical_mem_destroy(&self.ctx.api, raw(self.ctx.raw), raw(h)) };
+        if r.is_ok() {
+            sub_allocated(&self.allocated, self.size);
         }
-        ev.destroy()
+        r
+    }
+}
+
+impl Drop for ZePhysical {
+    fn drop(&mut self) {
+        if self.raw != 0 {
+            let _ = self.destroy();
+        }
+    }
+}
+
+fn sub_allocated(allocated: &AtomicU64, size: u64) {
+    let _ = allocated.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |a| {
+        Some(a.saturating_sub(size))
+    });
+}
+
+/// Virtual memory of one Level Zero GPU ([`Backend::virtual_memory`]), in
+/// the backend's context: `zeVirtualMemReserve`/`zeVirtualMemFree`,
+/// `zePhysicalMemCreate`/`zePhysicalMemDestroy` of device memory,
+/// `zeVirtualMemMap`/`zeVirtualMemUnmap` and
+/// `zeVirtualMemSetAccessAttribute`.
+///
+/// A [`LevelZeroBackend`] has one when the loader has all eight calls and
+/// `zeVirtualMemQueryPageSize` answers a power of two for a 2 MiB allocation;
+/// that page size is the [`VirtualMemory::granularity`]. Mappings are made
+/// read-write at once and [`VirtualMemory::set_access`] sets read-write
+/// again (a driver that ignored the attribute call would otherwise leave
+/// them inaccessible). Access attributes are per context, not per device:
+/// `set_access` takes only this backend's own device index.
+/// [`VirtualMemory::unmap`] first waits for every stream of the backend,
+/// since `zeVirtualMemUnmap` does not wait for pending work.
+#[derive(Debug)]
+pub struct ZeVirtualMemory {
+    pools: Arc<EventPools>,
+    registry: Registry,
+    allocated: Arc<AtomicU64>,
+    index: DeviceIndex,
+    granularity: u64,
+}
+
+impl ZeVirtualMemory {
+    /// The capability, or `None` (see the type's docs). Called after
+    /// `zeInit` succeeded.
+    fn probe(
+        pools: &Arc<EventPools>,
+        registry: &Registry,
+        allocated: &Arc<AtomicU64>,
+        index: DeviceIndex,
+    ) -> Option<Self> {
+        let ctx = &pools.ctx;
+        if !ctx.api.has_virtual_memory() {
+            return None;
+        }
+        // SAFETY: the context and device are alive (held by `pools`).
+        let page = unsafe {
+            result::virtual_mem_query_page_size(
+                &ctx.api,
+                raw(ctx.raw),
+                raw(ctx.device),
+                PAGE_QUERY_SIZE,
+            )
+        }
+        .ok()?;
+        page.is_power_of_two().then(|| Self {
+            pools: pools.clone(),
+            registry: registry.clone(),
+            allocated: allocated.clone(),
+            index,
+            granularity: page as u64,
+        })
+    }
+
+    fn ctx(&self) -> &Context {
+        &self.pools.ctx
+    }
+
+    /// `v` as `size_t`, or a typed error naming `call`.
+    fn size(call: &'static str, v: u64) -> Result<usize, BackendError> {
+        usize::try_from(v).map_err(|_| {
+            BackendError::new(
+                NAME,
+                call,
+                i64::from(sys::ZE_RESULT_ERROR_INVALID_SIZE),
+                format!("{v} does not fit in size_t"),
+            )
+        })
+    }
+}
+
+fn alloc_err(e: ZeError) -> DeviceAllocError {
+    if e.code == sys::ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY {
+        DeviceAllocError::OutOfMemory
+    } else {
+        DeviceAllocError::Backend(backend_error(e))
+    }
+}
+
+impl VirtualMemory for ZeVirtualMemory {
+    type Physical = ZePhysical;
+
+    fn granularity(&self) -> Result<u64, BackendError> {
+        Ok(self.granularity)
+    }
+
+    fn reserve(&self, size: u64) -> Result<u64, DeviceAllocError> {
+        let size = usize::try_from(size).map_err(|_| DeviceAllocError::OutOfMemory)?;
+        let ctx = self.ctx();
+        // SAFETY: the context is alive (held by `self.pools`).
+        unsafe { result::virtual_mem_reserve(&ctx.api, raw(ctx.raw), size) }
+            .map(handle)
+            .map_err(alloc_err)
+    }
+
+    fn unreserve(&self, addr: u64, size: u64) -> Result<(), BackendError> {
+        let size = Self::size("zeVirtualMemFree", size)?;
+        let ctx = self.ctx();
+        // SAFETY: the context is alive; the VirtualMemory contract: a whole
+        // reservation with nothing mapped, which the driver checks.
+        unsafe { result::virtual_mem_free(&ctx.api, raw(ctx.raw), raw(addr), size) }
+            .map_err(backend_error)
+    }
+
+    fn create_physical(&self, size: u64) -> Result<ZePhysical, DeviceAllocError> {
+        let bytes = usize::try_from(size).map_err(|_| DeviceAllocError::OutOfMemory)?;
+        let ctx = self.ctx();
+        // SAFETY: the context and device are alive (held by `self.pools`).
+        let h =
+            unsafe { result::physical_mem_create(&ctx.api, raw(ctx.raw), raw(ctx.device), bytes) }
+                .map_err(alloc_err)?;
+        self.allocated.fetch_add(size, Ordering::Relaxed);
+        Ok(ZePhysical {
+            ctx: self.pools.ctx.clone(),
+            allocated: self.allocated.clone(),
+            raw: handle(h),
+            size,
+        })
+    }
+
+    fn release_physical(&self, mut physical: ZePhysical) -> Result<(), BackendError> {
+        physical.destroy().map_err(backend_error)
+    }
+
+    fn map(&self, addr: u64, size: u64, physical: &ZePhysical) -> Result<(), BackendError> {
+        if size != physical.size {
+            return Err(BackendError::new(
+                NAME,
+                "zeVirtualMemMap",
+                i64::from(sys::ZE_RESULT_ERROR_INVALID_SIZE),
+                format!(
+                    "mapping {size} bytes of a {} byte physical allocation (all of it is mapped)",
+                    physical.size
+                ),
+            ));
+        }
+        let bytes = Self::size("zeVirtualMemMap", size)?;
+        let ctx = self.ctx();
+        // SAFETY: the context is alive, `physical` is live memory of it of
+        // `size` bytes; the range is in a reservation per the VirtualMemory
+        // contract, which the driver checks.
+        unsafe {
+            result::virtual_mem_map(
+                &ctx.api,
+                raw(ctx.raw),
+                raw(addr),
+                bytes,
+                physical.as_raw(),
+                sys::ZE_MEMORY_ACCESS_ATTRIBUTE_READWRITE,
+            )
+        }
+        .map_err(backend_error)
+    }
+
+    fn unmap(&self, addr: u64, size: u64) -> Result<(), BackendError> {
+        let size = Self::size("zeVirtualMemUnmap", size)?;
+        // zeVirtualMemUnmap does not wait for pending work.
+        synchronize_lists(&self.pools, &self.registry)?;
+        let ctx = self.ctx();
+        // SAFETY: the context is alive; every stream is synchronized above;
+        // the driver checks that the range is mapped.
+        unsafe { result::virtual_mem_unmap(&ctx.api, raw(ctx.raw), raw(addr), size) }
+            .map_err(backend_error)
+    }
+
+    fn set_access(&self, addr: u64, size: u64, device: DeviceIndex) -> Result<(), BackendError> {
+        const CALL: &str = "zeVirtualMemSetAccessAttribute";
+        if device != self.index {
+            return Err(BackendError::new(
+                NAME,
+                CALL,
+                i64::from(sys::ZE_RESULT_ERROR_UNSUPPORTED_FEATURE),
+                format!(
+                    "access from device {device}: Level Zero sets access per context, and this \
+                     backend's context serves device {} only",
+                    self.index
+                ),
+            ));
+        }
+        let size = Self::size(CALL, size)?;
+        let ctx = self.ctx();
+        // SAFETY: the context is alive; the driver checks that the range is mapped.
+        unsafe {
+            result::virtual_mem_set_access(
+                &ctx.api,
+                raw(ctx.raw),
+                raw(addr),
+                size,
+                sys::ZE_MEMORY_ACCESS_ATTRIBUTE_READWRITE,
+            )
+        }
+        .map_err(backend_error)
     }
 }
 
@@ -537,3 +817,5 @@ mod engine_tests;
 mod fake;
 #[cfg(test)]
 mod fake_tests;
+#[cfg(test)]
+mod vmm_tests;

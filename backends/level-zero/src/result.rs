@@ -44,8 +44,10 @@ pub fn result_name(code: ze_result_t) -> &'static str {
         ZE_RESULT_ERROR_UNSUPPORTED_FEATURE => "ZE_RESULT_ERROR_UNSUPPORTED_FEATURE",
         ZE_RESULT_ERROR_INVALID_ARGUMENT => "ZE_RESULT_ERROR_INVALID_ARGUMENT",
         ZE_RESULT_ERROR_INVALID_NULL_HANDLE => "ZE_RESULT_ERROR_INVALID_NULL_HANDLE",
+        ZE_RESULT_ERROR_HANDLE_OBJECT_IN_USE => "ZE_RESULT_ERROR_HANDLE_OBJECT_IN_USE",
         ZE_RESULT_ERROR_INVALID_SIZE => "ZE_RESULT_ERROR_INVALID_SIZE",
         ZE_RESULT_ERROR_UNSUPPORTED_SIZE => "ZE_RESULT_ERROR_UNSUPPORTED_SIZE",
+        ZE_RESULT_ERROR_UNSUPPORTED_ALIGNMENT => "ZE_RESULT_ERROR_UNSUPPORTED_ALIGNMENT",
         ZE_RESULT_ERROR_UNKNOWN => "ZE_RESULT_ERROR_UNKNOWN",
         _ => "unrecognized ze_result_t",
     }
@@ -57,6 +59,14 @@ fn check(call: &'static str, code: ze_result_t) -> Result<(), ZeError> {
         Ok(())
     } else {
         Err(ZeError { call, code })
+    }
+}
+
+/// The error of a call the loader lacks.
+fn missing(call: &'static str) -> ZeError {
+    ZeError {
+        call,
+        code: ZE_RESULT_ERROR_UNSUPPORTED_FEATURE,
     }
 }
 
@@ -407,4 +417,149 @@ pub unsafe fn mem_free(
 ) -> Result<(), ZeError> {
     // SAFETY: the caller's guarantee.
     check("zeMemFree", unsafe { (api.zeMemFree)(ctx, ptr) })
+}
+
+/// `zeVirtualMemQueryPageSize(ctx, device, size)`: the page size that
+/// reservations and physical memory of `size` bytes align to.
+///
+/// # Safety
+/// `ctx` and `device` must be live.
+pub unsafe fn virtual_mem_query_page_size(
+    api: &ZeApi,
+    ctx: ze_context_handle_t,
+    device: ze_device_handle_t,
+    size: usize,
+) -> Result<usize, ZeError> {
+    const CALL: &str = "zeVirtualMemQueryPageSize";
+    let f = api.zeVirtualMemQueryPageSize.ok_or(missing(CALL))?;
+    let mut page = 0usize;
+    // SAFETY: `page` is a valid out-pointer; the caller vouches for the handles.
+    check(CALL, unsafe { f(ctx, device, size, &mut page) })?;
+    Ok(page)
+}
+
+/// `zeVirtualMemReserve(ctx, pStart = null, size)`.
+///
+/// # Safety
+/// `ctx` must be live.
+pub unsafe fn virtual_mem_reserve(
+    api: &ZeApi,
+    ctx: ze_context_handle_t,
+    size: usize,
+) -> Result<*mut c_void, ZeError> {
+    const CALL: &str = "zeVirtualMemReserve";
+    let f = api.zeVirtualMemReserve.ok_or(missing(CALL))?;
+    let mut p = std::ptr::null_mut();
+    // SAFETY: `p` is a valid out-pointer; no start address is asked for.
+    check(CALL, unsafe { f(ctx, std::ptr::null(), size, &mut p) })?;
+    Ok(p)
+}
+
+/// `zeVirtualMemFree`.
+///
+/// # Safety
+/// `ctx` must be live and `[ptr, ptr + size)` a reservation of it with
+/// nothing mapped, unused afterwards.
+pub unsafe fn virtual_mem_free(
+    api: &ZeApi,
+    ctx: ze_context_handle_t,
+    ptr: *const c_void,
+    size: usize,
+) -> Result<(), ZeError> {
+    const CALL: &str = "zeVirtualMemFree";
+    let f = api.zeVirtualMemFree.ok_or(missing(CALL))?;
+    // SAFETY: the caller's guarantee.
+    check(CALL, unsafe { f(ctx, ptr, size) })
+}
+
+/// `zePhysicalMemCreate` of `size` bytes of device memory (flags 0).
+///
+/// # Safety
+/// `ctx` and `device` must be live.
+pub unsafe fn physical_mem_create(
+    api: &ZeApi,
+    ctx: ze_context_handle_t,
+    device: ze_device_handle_t,
+    size: usize,
+) -> Result<ze_physical_mem_handle_t, ZeError> {
+    const CALL: &str = "zePhysicalMemCreate";
+    let f = api.zePhysicalMemCreate.ok_or(missing(CALL))?;
+    let mut desc = ze_physical_mem_desc_t {
+        stype: ZE_STRUCTURE_TYPE_PHYSICAL_MEM_DESC,
+        pNext: std::ptr::null(),
+        flags: 0,
+        size,
+    };
+    let mut h = std::ptr::null_mut();
+    // SAFETY: `desc` and `h` are valid for the call; the caller vouches for the handles.
+    check(CALL, unsafe { f(ctx, device, &mut desc, &mut h) })?;
+    Ok(h)
+}
+
+/// `zePhysicalMemDestroy`.
+///
+/// # Safety
+/// `physical` must come from [`physical_mem_create`] in `ctx`, be destroyed
+/// once and unused afterwards.
+pub unsafe fn physical_mem_destroy(
+    api: &ZeApi,
+    ctx: ze_context_handle_t,
+    physical: ze_physical_mem_handle_t,
+) -> Result<(), ZeError> {
+    const CALL: &str = "zePhysicalMemDestroy";
+    let f = api.zePhysicalMemDestroy.ok_or(missing(CALL))?;
+    // SAFETY: the caller's guarantee.
+    check(CALL, unsafe { f(ctx, physical) })
+}
+
+/// `zeVirtualMemMap(ctx, ptr, size, physical, offset = 0, access)`.
+///
+/// # Safety
+/// `ctx` must be live, `[ptr, ptr + size)` in one of its reservations and
+/// `physical` live memory of it of at least `size` bytes.
+pub unsafe fn virtual_mem_map(
+    api: &ZeApi,
+    ctx: ze_context_handle_t,
+    ptr: *const c_void,
+    size: usize,
+    physical: ze_physical_mem_handle_t,
+    access: ze_memory_access_attribute_t,
+) -> Result<(), ZeError> {
+    const CALL: &str = "zeVirtualMemMap";
+    let f = api.zeVirtualMemMap.ok_or(missing(CALL))?;
+    // SAFETY: the caller's guarantee.
+    check(CALL, unsafe { f(ctx, ptr, size, physical, 0, access) })
+}
+
+/// `zeVirtualMemUnmap`.
+///
+/// # Safety
+/// `ctx` must be live and `[ptr, ptr + size)` mapped with no work using it pending.
+pub unsafe fn virtual_mem_unmap(
+    api: &ZeApi,
+    ctx: ze_context_handle_t,
+    ptr: *const c_void,
+    size: usize,
+) -> Result<(), ZeError> {
+    const CALL: &str = "zeVirtualMemUnmap";
+    let f = api.zeVirtualMemUnmap.ok_or(missing(CALL))?;
+    // SAFETY: the caller's guarantee.
+    check(CALL, unsafe { f(ctx, ptr, size) })
+}
+
+/// `zeVirtualMemSetAccessAttribute`.
+///
+/// # Safety
+/// `ctx` must be live and `[ptr, ptr + size)` mapped.
+pub unsafe fn virtual_mem_set_access(
+    api: &ZeApi,
+    ctx: ze_context_handle_t,
+    ptr: *const c_void,
+    size: usize,
+    access: ze_memory_access_attribute_t,
+) -> Result<(), ZeError> {
+    const CALL: &str = "zeVirtualMemSetAccessAttribute";
+    let f = api.zeVirtualMemSetAccessAttribute.ok_or(missing(CALL))?;
+    // SAFETY: the caller's guarantee.
+    check(CALL, unsafe { f(ctx, ptr, size, access) })
 }
