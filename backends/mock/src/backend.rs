@@ -328,7 +328,7 @@ impl State {
         if self.check_use(call, u)? == Region::Segment {
             return Ok(self.data.read(lo, hi));
         }
-        let mut out = Vec::new();
+        let mut out: Vec<(u64, u64, Option<u64>)> = Vec::new();
         for p in self.vmm.pieces(lo, hi) {
             let Some(start) = p.mapping else {
                 return Err(err(
@@ -340,7 +340,13 @@ impl State {
             let (id, off) = self.vmm.translate(start, p.lo);
             let base = p.lo - off;
             let runs = self.vmm.physical[&id].data.read(off, off + (p.hi - p.lo));
-            out.extend(runs.into_iter().map(|(a, b, t)| (a + base, b + base, t)));
+            for (a, b, t) in runs {
+                // Runs of one tag that continue across pages read as one.
+                match out.last_mut() {
+                    Some(last) if last.1 == a + base && last.2 == t => last.1 = b + base,
+                    _ => out.push((a + base, b + base, t)),
+                }
+            }
         }
         Ok(out)
     }
