@@ -615,6 +615,18 @@ impl State {
         const CALL: &str = "unmap";
         self.vmm_enabled(CALL)?;
         let starts = self.vmm.whole_mappings(CALL, addr, size)?;
+        if starts.len() > 1 {
+            return Err(err(
+                CALL,
+                codes::INVALID_VALUE,
+                format!(
+                    "[{addr:#x}, {:#x}) spans {} mappings; unmap one mapping per call \
+                     (cuMemUnmap takes the whole range of one mapping)",
+                    addr + size,
+                    starts.len()
+                ),
+            ));
+        }
         for &s in &starts {
             let m = &self.vmm.mappings[&s];
             let pending = m

@@ -40,8 +40,9 @@
 //!   nothing: mapping over mapped pages ([`codes::ALREADY_MAPPED`]);
 //!   mapping, unmapping or `set_access` outside one reservation
 //!   ([`codes::INVALID_DEVICE_POINTER`]); a physical allocation mapped with
-//!   a size other than its own, `unmap`/`set_access` of part of a mapping
-//!   ([`codes::INVALID_VALUE`]); `unmap`/`set_access` over pages not mapped
+//!   a size other than its own, `unmap`/`set_access` of part of a mapping,
+//!   `unmap` of more than one mapping at once (CUDA's `cuMemUnmap` takes
+//!   exactly one; `set_access` may span several) ([`codes::INVALID_VALUE`]); `unmap`/`set_access` over pages not mapped
 //!   ([`codes::NOT_MAPPED`]); `unmap` of a mapping that eager work not yet
 //!   complete touches ([`codes::NOT_READY`]: `cuMemUnmap` is not stream
 //!   ordered, synchronize first); `unreserve` of a range with pages still

@@ -43,7 +43,9 @@ fn mapped(d: &MockBackend, pages: u64) -> (u64, Vec<MockPhysical>) {
 /// Unmaps, releases and unreserves everything [`mapped`] made.
 fn teardown(d: &MockBackend, a: u64, ps: Vec<MockPhysical>) {
     let n = ps.len() as u64;
-    d.unmap(a, n * G).unwrap();
+    for i in 0..n {
+        d.unmap(a + i * G, G).unwrap();
+    }
     for p in ps {
         d.release_physical(p).unwrap();
     }
@@ -147,7 +149,8 @@ fn every_call_is_counted() {
     d.map(a, g, &p).unwrap();
     d.map(a + g, g, &q).unwrap();
     d.set_access(a, 2 * g, 0).unwrap();
-    d.unmap(a, 2 * g).unwrap();
+    d.unmap(a, g).unwrap();
+    d.unmap(a + g, g).unwrap();
     d.release_physical(p).unwrap();
     d.release_physical(q).unwrap();
     d.unreserve(a, 2 * g).unwrap();
@@ -161,7 +164,7 @@ fn every_call_is_counted() {
     );
     assert_eq!(
         (c.release_physical, c.map, c.unmap, c.set_access),
-        (2, 2, 1, 1)
+        (2, 2, 2, 1)
     );
     assert_eq!(
         (c.errors, c.reserve_failed, c.create_physical_failed),
@@ -175,7 +178,7 @@ fn every_call_is_counted() {
         (MockCall::CreatePhysical, 2),
         (MockCall::ReleasePhysical, 2),
         (MockCall::Map, 2),
-        (MockCall::Unmap, 1),
+        (MockCall::Unmap, 2),
         (MockCall::SetAccess, 1),
     ] {
         assert_eq!(d.call_count(call), n, "{call}");
@@ -275,12 +278,17 @@ fn misuse_is_a_typed_error_and_changes_nothing() {
     assert_eq!(code(d.map(a, G, &q)), codes::ALREADY_MAPPED);
     d.map(a + 2 * G, 2 * G, &big).unwrap();
     assert_eq!(code(d.map(a + 3 * G, G, &q)), codes::ALREADY_MAPPED);
-    // Unmapping what is not mapped, or part of a mapping.
+    // Unmapping what is not mapped, part of a mapping, or two at once.
     assert_eq!(code(d.unmap(a + G, G)), codes::NOT_MAPPED);
     assert_eq!(code(d.unmap(a, 2 * G)), codes::NOT_MAPPED, "hole");
     assert_eq!(code(d.unmap(a + 2 * G, G)), codes::INVALID_VALUE, "part");
     assert_eq!(code(d.unmap(a + 3 * G, G)), codes::INVALID_VALUE, "part");
     assert_eq!(code(d.unmap(seg, G)), codes::INVALID_DEVICE_POINTER);
+    let r = d.create_physical(G).unwrap();
+    d.map(a + G, G, &r).unwrap();
+    assert_eq!(code(d.unmap(a, 2 * G)), codes::INVALID_VALUE, "two");
+    d.unmap(a + G, G).unwrap();
+    d.release_physical(r).unwrap();
     // set_access: the same rules, and the own device only.
     assert_eq!(code(d.set_access(a + G, G, 0)), codes::NOT_MAPPED);
     assert_eq!(code(d.set_access(a + 2 * G, G, 0)), codes::INVALID_VALUE);
@@ -337,7 +345,7 @@ fn unmap_with_pending_work_fails_until_it_completes() {
     // Work on s1 touches the first page only.
     d.use_memory(s1, a + 100, 4096, 1).unwrap();
     assert_eq!(code(d.unmap(a, G)), codes::NOT_READY);
-    assert_eq!(code(d.unmap(a, 2 * G)), codes::NOT_READY);
+    assert_eq!(d.mapping_count(), 2, "nothing unmapped");
     // The second page is free to go.
     d.unmap(a + G, G).unwrap();
     // A later use on s2 keeps it pending after s1 completes.
@@ -390,7 +398,8 @@ fn data_follows_physical_pages() {
     );
     // Move the first page to the fourth slot and the second to the first:
     // each keeps its data.
-    d.unmap(a, 2 * G).unwrap();
+    d.unmap(a, G).unwrap();
+    d.unmap(a + G, G).unwrap();
     d.map(a + 3 * G, G, &p).unwrap();
     d.map(a, G, &q).unwrap();
     d.set_access(a + 3 * G, G, 0).unwrap();
@@ -407,10 +416,11 @@ fn data_follows_physical_pages() {
     d.use_memory(s, a + 2 * G + 4096, 1, 9).unwrap();
     assert_eq!(d.tag_at(a + 3 * G + 4096), Some(9));
     // Unmapping the whole reservation at once fails over the hole at page
-    // 1; each contiguous run of mappings goes in one call.
+    // 1; each mapping goes in its own call.
     assert_eq!(d.unmap(a, 4 * G).unwrap_err().code, codes::NOT_MAPPED);
-    d.unmap(a, G).unwrap();
-    d.unmap(a + 2 * G, 2 * G).unwrap();
+    for i in [0, 2, 3] {
+        d.unmap(a + i * G, G).unwrap();
+    }
     // Releasing forgets: a new allocation starts empty.
     d.release_physical(p).unwrap();
     d.release_physical(q).unwrap();
