@@ -77,6 +77,21 @@ pub(crate) const CAPTURE_SYMBOLS: &[&str] = &[
     "cuGraphExecDestroy",
 ];
 
+/// The driver symbols virtual memory management requires (CUDA 10.2+);
+/// checked before [`crate::CudaBackend::new`] asks the device whether it
+/// supports it.
+pub(crate) const VMM_SYMBOLS: &[&str] = &[
+    "cuDeviceGetAttribute",
+    "cuMemGetAllocationGranularity",
+    "cuMemAddressReserve",
+    "cuMemAddressFree",
+    "cuMemCreate",
+    "cuMemRelease",
+    "cuMemMap",
+    "cuMemUnmap",
+    "cuMemSetAccess",
+];
+
 #[inline]
 fn res(r: CUresult) -> DResult<()> {
     r.result()
@@ -530,6 +545,116 @@ pub(crate) fn graph_launch(e: sys::CUgraphExec, s: sys::CUstream) -> DResult<()>
 pub(crate) fn graph_exec_destroy(e: sys::CUgraphExec) -> DResult<()> {
     // SAFETY: `e` is a live executable graph owned by this crate, destroyed once.
     res(unsafe { sys::cuGraphExecDestroy(e) })
+}
+
+/// `cuDeviceGetAttribute`.
+pub(crate) fn device_get_attribute(
+    attr: sys::CUdevice_attribute,
+    dev: sys::CUdevice,
+) -> DResult<i32> {
+    let mut v: c_int = 0;
+    // SAFETY: `v` is a valid out-pointer; `dev` came from cuDeviceGet.
+    res(unsafe { sys::cuDeviceGetAttribute(&mut v, attr, dev) })?;
+    Ok(v)
+}
+
+/// The properties of a pinned allocation in the memory of device `dev`,
+/// with no shareable handle type.
+pub(crate) fn device_allocation_prop(dev: sys::CUdevice) -> sys::CUmemAllocationProp {
+    sys::CUmemAllocationProp {
+        type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+        requestedHandleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+        location: sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: dev,
+        },
+        win32HandleMetaData: ptr::null_mut(),
+        allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
+            compressionType: 0,
+            gpuDirectRDMACapable: 0,
+            usage: 0,
+            reserved: [0; 4],
+        },
+    }
+}
+
+/// `cuMemGetAllocationGranularity` of `prop`.
+pub(crate) fn mem_get_allocation_granularity(
+    prop: &sys::CUmemAllocationProp,
+    option: sys::CUmemAllocationGranularity_flags,
+) -> DResult<usize> {
+    let mut g: usize = 0;
+    // SAFETY: `g` is a valid out-pointer and `prop` a valid, initialised
+    // property structure, both for the duration of the call.
+    res(unsafe { sys::cuMemGetAllocationGranularity(&mut g, prop, option) })?;
+    Ok(g)
+}
+
+/// `cuMemAddressReserve` of `size` bytes anywhere, aligned to `alignment`
+/// (a power of two).
+pub(crate) fn mem_address_reserve(size: usize, alignment: usize) -> DResult<sys::CUdeviceptr> {
+    let mut p: sys::CUdeviceptr = 0;
+    // SAFETY: `p` is a valid out-pointer; no address hint, flags 0.
+    res(unsafe { sys::cuMemAddressReserve(&mut p, size, alignment, 0, 0) })?;
+    Ok(p)
+}
+
+/// `cuMemAddressFree`.
+pub(crate) fn mem_address_free(p: sys::CUdeviceptr, size: usize) -> DResult<()> {
+    // SAFETY: device addresses are validated by the driver (module invariant).
+    res(unsafe { sys::cuMemAddressFree(p, size) })
+}
+
+/// `cuMemCreate` of `size` bytes with `prop`.
+pub(crate) fn mem_create(
+    size: usize,
+    prop: &sys::CUmemAllocationProp,
+) -> DResult<sys::CUmemGenericAllocationHandle> {
+    let mut h: sys::CUmemGenericAllocationHandle = 0;
+    // SAFETY: `h` is a valid out-pointer and `prop` a valid, initialised
+    // property structure for the duration of the call; flags 0.
+    res(unsafe { sys::cuMemCreate(&mut h, size, prop, 0) })?;
+    Ok(h)
+}
+
+/// `cuMemRelease`.
+pub(crate) fn mem_release(h: sys::CUmemGenericAllocationHandle) -> DResult<()> {
+    // SAFETY: `h` came from cuMemCreate and is released once: the crate's
+    // handle type is neither `Clone` nor `Copy` and is consumed here (an
+    // invalid handle would be undefined behaviour).
+    res(unsafe { sys::cuMemRelease(h) })
+}
+
+/// `cuMemMap` of all `size` bytes of `h` (offset 0) at `p`.
+pub(crate) fn mem_map(
+    p: sys::CUdeviceptr,
+    size: usize,
+    h: sys::CUmemGenericAllocationHandle,
+) -> DResult<()> {
+    // SAFETY: `h` is a live handle (not yet released: the caller holds the
+    // crate's handle by reference); the address range is validated by the
+    // driver; offset and flags 0.
+    res(unsafe { sys::cuMemMap(p, size, 0, h, 0) })
+}
+
+/// `cuMemUnmap`.
+pub(crate) fn mem_unmap(p: sys::CUdeviceptr, size: usize) -> DResult<()> {
+    // SAFETY: device addresses are validated by the driver (module invariant).
+    res(unsafe { sys::cuMemUnmap(p, size) })
+}
+
+/// `cuMemSetAccess`: makes `[p, p + size)` readable and writable from `dev`.
+pub(crate) fn mem_set_access(p: sys::CUdeviceptr, size: usize, dev: sys::CUdevice) -> DResult<()> {
+    let desc = sys::CUmemAccessDesc {
+        location: sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: dev,
+        },
+        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    // SAFETY: the driver reads one descriptor from `&desc`, valid for the
+    // call; device addresses are validated by the driver.
+    res(unsafe { sys::cuMemSetAccess(p, size, &desc, 1) })
 }
 
 /// The driver's name and description of an error code (never fails).

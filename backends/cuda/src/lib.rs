@@ -6,13 +6,43 @@
 //! 2. a private thin layer (one function per driver call returning a
 //!    `Result`), the crate's only `unsafe` code;
 //! 3. the safe types of this module: [`CudaBackend`] (implements
-//!    [`cachalot_core::Backend`]), [`CudaStream`], [`OwnedStream`],
-//!    [`CudaEvent`], [`CudaNode`], [`CudaGraph`] and [`CudaGraphExec`].
+//!    [`cachalot_core::Backend`] and [`cachalot_core::VirtualMemory`]),
+//!    [`CudaStream`], [`OwnedStream`], [`CudaEvent`], [`CudaPhysical`],
+//!    [`CudaNode`], [`CudaGraph`] and [`CudaGraphExec`].
 //!
 //! Segments are plain `cuMemAlloc` allocations (no events or other
 //! bookkeeping per allocation). Loading never panics: when `libcuda` is
 //! missing, lacks a symbol, or has no device, [`CudaBackend::new`] returns
 //! [`Error::NoDevice`].
+//!
+//! # Virtual memory
+//!
+//! [`CudaBackend`] implements [`cachalot_core::VirtualMemory`] with the
+//! driver's `cuMem*` calls: `reserve` is `cuMemAddressReserve` (aligned to
+//! the granularity), `create_physical` is `cuMemCreate` of pinned memory on the
+//! backend's device (no shareable handle type; `CUDA_ERROR_OUT_OF_MEMORY`
+//! is `DeviceAllocError::OutOfMemory`), `map` is `cuMemMap` of the whole
+//! allocation, `set_access` is `cuMemSetAccess` (read-write from the given
+//! device), `unmap`, `release_physical` and `unreserve` are `cuMemUnmap`,
+//! `cuMemRelease` and `cuMemAddressFree`. Each runs with the thread's
+//! capture mode relaxed, as `malloc` does. [`Backend::virtual_memory`]
+//! answers `Some` only when the driver exports these calls and the device
+//! reports `CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`;
+//! otherwise every call fails with a typed error and calls nothing.
+//!
+//! The granularity is the *minimum* one (`CU_MEM_ALLOC_GRANULARITY_MINIMUM`,
+//! 2 MiB on current GPUs), queried once when the backend opens: it is what
+//! `cuMemCreate` and `cuMemMap` require of every size and address, so it is
+//! the exact contract of [`cachalot_core::VirtualMemory::granularity`]. The
+//! recommended granularity is a performance hint (equal to the minimum on
+//! current NVIDIA GPUs); the engine picks its page size as a multiple of the
+//! granularity anyway (PyTorch maps 2 MiB and 20 MiB pages).
+//!
+//! As in CUDA, `cuMemUnmap` is not stream-ordered: the caller synchronizes
+//! the work that uses a range before unmapping it, and unmaps one mapping
+//! per call (the driver documents that `cuMemUnmap` takes "the entire
+//! contiguous address range that was mapped"); `cuMemSetAccess` may span
+//! several adjacent mappings.
 //!
 //! # Contexts and threads
 //!
@@ -40,7 +70,7 @@ use std::time::Duration;
 
 use cachalot_core::{
     Backend, BackendError, CaptureStatus, DependencyUpdate, DeviceAllocError, DeviceIndex, Error,
-    GraphCapture, MemoryInfo, NoVirtualMemory,
+    GraphCapture, MemoryInfo, VirtualMemory,
 };
 use cudarc::driver::result::DriverError;
 use cudarc::driver::sys;
@@ -58,6 +88,10 @@ pub const MIN_CAPTURE_DRIVER_VERSION: i32 = 12030;
 /// stream that is not capturing.
 const CUDA_ERROR_ILLEGAL_STATE: i64 = 401;
 
+/// `CUDA_ERROR_INVALID_VALUE`, reported when `map` is given a size other
+/// than the physical allocation's.
+const CUDA_ERROR_INVALID_VALUE: i64 = 1;
+
 fn to_backend(call: &'static str) -> impl FnOnce(DriverError) -> BackendError {
     move |e| BackendError::new(NAME, call, e.0 as i64, driver::describe(&e)).with_source(e)
 }
@@ -73,6 +107,32 @@ fn unsupported_capture(call: &'static str) -> BackendError {
             (MIN_CAPTURE_DRIVER_VERSION % 1000) / 10
         ),
     )
+}
+
+fn unsupported_vmm(call: &'static str) -> BackendError {
+    BackendError::new(
+        NAME,
+        call,
+        0,
+        "virtual memory management is not supported by this driver or device",
+    )
+}
+
+/// The minimum allocation granularity of pinned memory on `dev`, or `None`
+/// when the driver lacks the virtual-memory calls or the device does not
+/// support them. Needs the device's context current.
+fn probe_vmm(dev: sys::CUdevice) -> Option<u64> {
+    if !driver::missing_symbols(driver::VMM_SYMBOLS).is_empty() {
+        return None;
+    }
+    let attr = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED;
+    if driver::device_get_attribute(attr, dev).ok()? == 0 {
+        return None;
+    }
+    let prop = driver::device_allocation_prop(dev);
+    let min = sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM;
+    let g = driver::mem_get_allocation_granularity(&prop, min).ok()?;
+    u64::try_from(g).ok().filter(|g| g.is_power_of_two())
 }
 
 /// Loads the driver library, checks its symbols and runs `cuInit(0)`.
@@ -148,6 +208,31 @@ impl fmt::Debug for CudaStream {
             CudaStream::PER_THREAD => write!(f, "CudaStream(per-thread)"),
             CudaStream(a) => write!(f, "CudaStream({a:#x})"),
         }
+    }
+}
+
+/// Physical device memory made by [`VirtualMemory::create_physical`]: the
+/// driver's `CUmemGenericAllocationHandle` and the allocation's size.
+///
+/// Neither `Clone` nor `Copy`, and consumed by
+/// [`VirtualMemory::release_physical`], so a handle is released at most once
+/// (releasing an invalid handle is undefined behaviour in CUDA). Dropping one
+/// without releasing it leaks the memory, as with [`CudaEvent`].
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct CudaPhysical {
+    handle: sys::CUmemGenericAllocationHandle,
+    size: u64,
+}
+
+impl CudaPhysical {
+    /// The raw `CUmemGenericAllocationHandle`.
+    pub fn as_raw(&self) -> sys::CUmemGenericAllocationHandle {
+        self.handle
+    }
+
+    /// The allocation's size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
     }
 }
 
@@ -274,6 +359,8 @@ struct Context {
     ctx: usize,
     driver_version: i32,
     capture: bool,
+    /// The minimum VMM granularity, `None` without virtual memory.
+    vmm_granularity: Option<u64>,
     name: String,
 }
 
@@ -352,6 +439,7 @@ impl fmt::Debug for CudaBackend {
             .field("name", &self.ctx.name)
             .field("driver_version", &self.ctx.driver_version)
             .field("capture", &self.ctx.capture)
+            .field("vmm_granularity", &self.ctx.vmm_granularity)
             .field("default_stream", &self.default_stream)
             .finish()
     }
@@ -383,14 +471,19 @@ impl CudaBackend {
             && driver::missing_symbols(driver::CAPTURE_SYMBOLS).is_empty();
         let raw =
             driver::primary_ctx_retain(dev).map_err(to_backend("cuDevicePrimaryCtxRetain"))?;
-        let ctx = Arc::new(Context {
+        let mut ctx = Context {
             index: device_index,
             dev,
             ctx: raw.expose_provenance(),
             driver_version: version,
             capture,
+            vmm_granularity: None,
             name,
-        });
+        };
+        if let Ok(_b) = ctx.bind("cuMemGetAllocationGranularity") {
+            ctx.vmm_granularity = probe_vmm(dev);
+        }
+        let ctx = Arc::new(ctx);
         Ok(Self {
             ctx,
             default_stream: CudaStream::LEGACY,
@@ -412,6 +505,12 @@ impl CudaBackend {
     /// The driver's CUDA version (e.g. 12080).
     pub fn driver_version(&self) -> i32 {
         self.ctx.driver_version
+    }
+
+    /// The minimum virtual-memory granularity of this device, `None` when
+    /// it has no virtual memory ([`Backend::virtual_memory`] is `None`).
+    pub fn vmm_granularity(&self) -> Option<u64> {
+        self.ctx.vmm_granularity
     }
 
     /// The raw primary context this backend retains.
@@ -560,12 +659,45 @@ fn usize_of(v: u64, call: &'static str) -> Result<usize, BackendError> {
     usize::try_from(v).map_err(|_| BackendError::new(NAME, call, 0, format!("size {v} too large")))
 }
 
+impl CudaBackend {
+    /// Runs the virtual-memory driver call `f` (named `call`): fails without
+    /// calling it when the device has no virtual memory, else binds the
+    /// context and runs it with the capture mode relaxed.
+    fn vmm_call<T>(
+        &self,
+        call: &'static str,
+        f: impl FnOnce() -> driver::DResult<T>,
+    ) -> Result<driver::DResult<T>, BackendError> {
+        if self.ctx.vmm_granularity.is_none() {
+            return Err(unsupported_vmm(call));
+        }
+        let _b = self.ctx.bind(call)?;
+        with_relaxed_capture(f)
+    }
+
+    /// Like [`Self::vmm_call`] for a call that allocates:
+    /// `CUDA_ERROR_OUT_OF_MEMORY` is `DeviceAllocError::OutOfMemory`.
+    fn vmm_alloc<T>(
+        &self,
+        call: &'static str,
+        f: impl FnOnce() -> driver::DResult<T>,
+    ) -> Result<T, DeviceAllocError> {
+        match self.vmm_call(call, f)? {
+            Ok(v) => Ok(v),
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                Err(DeviceAllocError::OutOfMemory)
+            }
+            Err(e) => Err(to_backend(call)(e).into()),
+        }
+    }
+}
+
 impl Backend for CudaBackend {
     type Stream = CudaStream;
     type Event = CudaEvent;
     type Ptr = u64;
     type Capture = Self;
-    type VirtualMemory = NoVirtualMemory;
+    type VirtualMemory = Self;
 
     fn name(&self) -> &'static str {
         NAME
@@ -648,6 +780,98 @@ impl Backend for CudaBackend {
 
     fn capture(&self) -> Option<&Self> {
         self.ctx.capture.then_some(self)
+    }
+
+    fn virtual_memory(&self) -> Option<&Self> {
+        self.ctx.vmm_granularity.is_some().then_some(self)
+    }
+}
+
+/// Virtual memory through the driver's `cuMem*` calls (see the [crate
+/// documentation](crate#virtual-memory)).
+impl VirtualMemory for CudaBackend {
+    type Physical = CudaPhysical;
+
+    fn granularity(&self) -> Result<u64, BackendError> {
+        self.ctx
+            .vmm_granularity
+            .ok_or_else(|| unsupported_vmm("cuMemGetAllocationGranularity"))
+    }
+
+    fn reserve(&self, size: u64) -> Result<u64, DeviceAllocError> {
+        let Ok(size) = usize::try_from(size) else {
+            return Err(DeviceAllocError::OutOfMemory);
+        };
+        // Aligned to the granularity, so that every page of the range can be
+        // mapped (the default alignment is not documented).
+        let align = self
+            .ctx
+            .vmm_granularity
+            .and_then(|g| usize::try_from(g).ok())
+            .unwrap_or(0);
+        self.vmm_alloc("cuMemAddressReserve", || {
+            driver::mem_address_reserve(size, align)
+        })
+    }
+
+    fn unreserve(&self, addr: u64, size: u64) -> Result<(), BackendError> {
+        let size = usize_of(size, "cuMemAddressFree")?;
+        self.vmm_call("cuMemAddressFree", || driver::mem_address_free(addr, size))?
+            .map_err(to_backend("cuMemAddressFree"))
+    }
+
+    fn create_physical(&self, size: u64) -> Result<CudaPhysical, DeviceAllocError> {
+        let Ok(bytes) = usize::try_from(size) else {
+            return Err(DeviceAllocError::OutOfMemory);
+        };
+        let prop = driver::device_allocation_prop(self.ctx.dev);
+        let handle = self.vmm_alloc("cuMemCreate", || driver::mem_create(bytes, &prop))?;
+        Ok(CudaPhysical { handle, size })
+    }
+
+    fn release_physical(&self, physical: CudaPhysical) -> Result<(), BackendError> {
+        self.vmm_call("cuMemRelease", || driver::mem_release(physical.handle))?
+            .map_err(to_backend("cuMemRelease"))
+    }
+
+    fn map(&self, addr: u64, size: u64, physical: &CudaPhysical) -> Result<(), BackendError> {
+        if size != physical.size {
+            return Err(BackendError::new(
+                NAME,
+                "cuMemMap",
+                CUDA_ERROR_INVALID_VALUE,
+                format!(
+                    "the physical allocation has {} bytes but was mapped with size {size}",
+                    physical.size
+                ),
+            ));
+        }
+        let size = usize_of(size, "cuMemMap")?;
+        self.vmm_call("cuMemMap", || driver::mem_map(addr, size, physical.handle))?
+            .map_err(to_backend("cuMemMap"))
+    }
+
+    fn unmap(&self, addr: u64, size: u64) -> Result<(), BackendError> {
+        let size = usize_of(size, "cuMemUnmap")?;
+        self.vmm_call("cuMemUnmap", || driver::mem_unmap(addr, size))?
+            .map_err(to_backend("cuMemUnmap"))
+    }
+
+    fn set_access(&self, addr: u64, size: u64, device: DeviceIndex) -> Result<(), BackendError> {
+        if self.ctx.vmm_granularity.is_none() {
+            return Err(unsupported_vmm("cuMemSetAccess"));
+        }
+        let size = usize_of(size, "cuMemSetAccess")?;
+        let dev = if device == self.ctx.index {
+            self.ctx.dev
+        } else {
+            let ordinal = i32::try_from(device).map_err(|_| {
+                BackendError::new(NAME, "cuMemSetAccess", 0, format!("device {device}"))
+            })?;
+            driver::device_get(ordinal).map_err(to_backend("cuDeviceGet"))?
+        };
+        self.vmm_call("cuMemSetAccess", || driver::mem_set_access(addr, size, dev))?
+            .map_err(to_backend("cuMemSetAccess"))
     }
 }
 

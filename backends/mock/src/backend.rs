@@ -7,7 +7,7 @@ use std::sync::{Arc, Weak};
 
 use cachalot_core::{
     Backend, BackendError, CaptureStatus, DependencyUpdate, DeviceAllocError, DeviceIndex,
-    GraphCapture, MemoryInfo, NoVirtualMemory,
+    GraphCapture, MemoryInfo, VirtualMemory,
 };
 use parking_lot::Mutex;
 
@@ -17,9 +17,10 @@ use crate::graph::{GraphData, GraphNode, MockGraph, MockNode, NodeKind};
 use crate::shadow::{Access, PieceMap, Who};
 use crate::space::{AddressSpace, Placement};
 use crate::types::{
-    CaptureMode, Completion, Failure, MallocFailure, MemUse, MockCall, MockCounters, MockEvent,
-    MockStream, Race, Submitted, UseSite, codes,
+    CaptureMode, Completion, Failure, InvalidAccess, InvalidAccessKind, MallocFailure, MemUse,
+    MockCall, MockCounters, MockEvent, MockStream, Race, Submitted, UseSite, codes,
 };
+use crate::vmm::{Mapping, MockMapping, MockPhysical, Phys, Vmm, VmmUsage};
 
 const NAME: &str = "mock";
 
@@ -132,6 +133,23 @@ struct State {
     data: TagMap,
     /// The stack of `mark_ancestors`, kept between walks.
     mark_stack: Vec<u32>,
+    /// `MockConfig::virtual_memory`.
+    vmm_on: bool,
+    /// The device index (`set_access` checks it).
+    device: DeviceIndex,
+    /// Reservations, physical allocations and mappings.
+    vmm: Vmm,
+    /// Eager uses of reserved bytes not mapped or not accessible.
+    invalid: Vec<InvalidAccess>,
+}
+
+/// Where a memory use lies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Region {
+    /// Inside one live segment.
+    Segment,
+    /// Inside one reservation (mapped or not).
+    Reserved,
 }
 
 impl State {
@@ -167,6 +185,10 @@ impl State {
             always: [None; MockCall::COUNT],
             data: TagMap::default(),
             mark_stack: Vec::new(),
+            vmm_on: cfg.virtual_memory,
+            device: cfg.device,
+            vmm: Vmm::new(cfg.effective_granularity(), cfg.reservation_range()),
+            invalid: Vec::new(),
         }
     }
 
@@ -266,7 +288,12 @@ impl State {
         Ok(out)
     }
 
-    fn check_use(&self, call: &'static str, u: &MemUse) -> Result<(), BackendError> {
+    fn in_segment(&self, lo: u64, hi: u64) -> bool {
+        matches!(self.segments.range(..=lo).next_back(), Some((&s, &sz)) if hi <= s + sz)
+    }
+
+    /// Checks that a use lies inside one live segment or one reservation.
+    fn check_use(&self, call: &'static str, u: &MemUse) -> Result<Region, BackendError> {
         let Some(end) = u.addr.checked_add(u.len).filter(|_| u.len > 0) else {
             return Err(err(
                 call,
@@ -274,17 +301,109 @@ impl State {
                 format!("invalid memory use of {} bytes at {:#x}", u.len, u.addr),
             ));
         };
-        match self.segments.range(..=u.addr).next_back() {
-            Some((&s, &sz)) if end <= s + sz => Ok(()),
-            _ => Err(err(
+        if self.in_segment(u.addr, end) {
+            Ok(Region::Segment)
+        } else if self.vmm.reservation_of(u.addr, end).is_some() {
+            Ok(Region::Reserved)
+        } else {
+            Err(err(
                 call,
                 codes::INVALID_DEVICE_POINTER,
                 format!(
-                    "memory use [{:#x}, {end:#x}) (tag {}) is not inside a live segment",
+                    "memory use [{:#x}, {end:#x}) (tag {}) is not inside a live segment or a \
+                     reservation",
                     u.addr, u.tag
                 ),
-            )),
+            ))
         }
+    }
+
+    /// What a checked use reads (see `MockBackend::read_tags`).
+    fn read_data(
+        &self,
+        call: &'static str,
+        u: &MemUse,
+    ) -> Result<Vec<(u64, u64, Option<u64>)>, BackendError> {
+        let (lo, hi) = (u.addr, u.addr + u.len);
+        if self.check_use(call, u)? == Region::Segment {
+            return Ok(self.data.read(lo, hi));
+        }
+        let mut out: Vec<(u64, u64, Option<u64>)> = Vec::new();
+        for p in self.vmm.pieces(lo, hi) {
+            let Some(start) = p.mapping else {
+                return Err(err(
+                    call,
+                    codes::NOT_MAPPED,
+                    format!("[{:#x}, {:#x}) is not mapped", p.lo, p.hi),
+                ));
+            };
+            let (id, off) = self.vmm.translate(start, p.lo);
+            let base = p.lo - off;
+            let runs = self.vmm.physical[&id].data.read(off, off + (p.hi - p.lo));
+            for (a, b, t) in runs {
+                // Runs of one tag that continue across pages read as one.
+                match out.last_mut() {
+                    Some(last) if last.1 == a + base && last.2 == t => last.1 = b + base,
+                    _ => out.push((a + base, b + base, t)),
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// An eager use of reserved memory by work `pos` of stream `i`: writes
+    /// its tag into the physical memory mapped there, marks the mappings it
+    /// touches as used by that work, and reports the bytes it cannot access.
+    fn touch_reserved(&mut self, i: usize, pos: u64, u: &MemUse) {
+        let (lo, hi) = (u.addr, u.addr + u.len);
+        for p in self.vmm.pieces(lo, hi) {
+            let kind = match p.mapping {
+                None => Some(InvalidAccessKind::Unmapped),
+                Some(start) => {
+                    let Some(m) = self.vmm.mappings.get_mut(&start) else {
+                        continue;
+                    };
+                    if m.last_use.len() <= i {
+                        m.last_use.resize(i + 1, 0);
+                    }
+                    m.last_use[i] = pos;
+                    if m.access {
+                        let (id, off) = (m.phys, p.lo - start);
+                        if let Some(ph) = self.vmm.physical.get_mut(&id) {
+                            ph.data.write(off, off + (p.hi - p.lo), u.tag);
+                        }
+                        None
+                    } else {
+                        Some(InvalidAccessKind::NoAccess)
+                    }
+                }
+            };
+            if let Some(kind) = kind {
+                self.counters.invalid_accesses += 1;
+                self.invalid.push(InvalidAccess {
+                    site: UseSite {
+                        stream: MockStream(i as u32),
+                        at: Submitted::Work {
+                            stream: MockStream(i as u32),
+                            seq: pos,
+                        },
+                        tag: u.tag,
+                        addr: u.addr,
+                        len: u.len,
+                    },
+                    range: (p.lo, p.hi),
+                    kind,
+                });
+            }
+        }
+    }
+
+    /// Bytes of device memory in use: segments, physical memory and
+    /// simulated external usage.
+    fn used(&self) -> u64 {
+        self.live
+            .saturating_add(self.vmm.physical_bytes)
+            .saturating_add(self.external)
     }
 
     // ----- memory --------------------------------------------------------
@@ -297,8 +416,7 @@ impl State {
                 format!("size {size} is not a positive multiple of 512 bytes"),
             )));
         }
-        let used = self.live.saturating_add(self.external);
-        if size > self.capacity.saturating_sub(used) {
+        if size > self.capacity.saturating_sub(self.used()) {
             return Err(DeviceAllocError::OutOfMemory);
         }
         let addr = self
@@ -344,6 +462,225 @@ impl State {
         // cudaFree synchronises implicitly: uses of the old segment are over.
         self.shadow.remove_range(addr, addr + size);
         self.data.clear(addr, addr + size);
+        Ok(())
+    }
+
+    // ----- virtual memory --------------------------------------------------
+
+    fn vmm_enabled(&self, call: &'static str) -> Result<(), BackendError> {
+        if self.vmm_on {
+            Ok(())
+        } else {
+            Err(err(
+                call,
+                codes::NOT_SUPPORTED,
+                "this mock device is configured without virtual memory",
+            ))
+        }
+    }
+
+    fn reserve(&mut self, size: u64) -> Result<u64, DeviceAllocError> {
+        const CALL: &str = "reserve";
+        self.vmm_enabled(CALL)?;
+        self.vmm.check_size(CALL, size)?;
+        let addr = self.vmm.place(size).ok_or(DeviceAllocError::OutOfMemory)?;
+        self.vmm.reservations.insert(addr, size);
+        Ok(addr)
+    }
+
+    fn unreserve(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
+        const CALL: &str = "unreserve";
+        self.vmm_enabled(CALL)?;
+        match self.vmm.reservations.get(&addr) {
+            None => {
+                return Err(err(
+                    CALL,
+                    codes::INVALID_DEVICE_POINTER,
+                    format!("{addr:#x} is not the start of a reservation of this mock device"),
+                ));
+            }
+            Some(&sz) if sz != size => {
+                return Err(err(
+                    CALL,
+                    codes::INVALID_VALUE,
+                    format!("reservation {addr:#x} has {sz} bytes but was unreserved with {size}"),
+                ));
+            }
+            Some(_) => {}
+        }
+        let end = addr + size;
+        if let Some((&s, m)) = self.vmm.mappings.range(addr..end).next() {
+            return Err(err(
+                CALL,
+                codes::ILLEGAL_STATE,
+                format!(
+                    "reservation [{addr:#x}, {end:#x}) still has [{s:#x}, {:#x}) mapped",
+                    s + m.size
+                ),
+            ));
+        }
+        self.vmm.reservations.remove(&addr);
+        Ok(())
+    }
+
+    fn create_physical(&mut self, size: u64) -> Result<MockPhysical, DeviceAllocError> {
+        const CALL: &str = "create_physical";
+        self.vmm_enabled(CALL)?;
+        self.vmm.check_size(CALL, size)?;
+        if size > self.capacity.saturating_sub(self.used()) {
+            return Err(DeviceAllocError::OutOfMemory);
+        }
+        let id = self.vmm.next_physical;
+        self.vmm.next_physical += 1;
+        self.vmm.physical.insert(
+            id,
+            Phys {
+                size,
+                maps: 0,
+                data: TagMap::default(),
+            },
+        );
+        self.vmm.physical_bytes += size;
+        Ok(MockPhysical {
+            instance: self.instance,
+            id,
+            size,
+        })
+    }
+
+    fn release_physical(&mut self, p: &MockPhysical) -> Result<(), BackendError> {
+        const CALL: &str = "release_physical";
+        self.vmm_enabled(CALL)?;
+        let ph = self.vmm.phys(CALL, self.instance, p)?;
+        if ph.maps > 0 {
+            return Err(err(
+                CALL,
+                codes::ILLEGAL_STATE,
+                format!(
+                    "physical allocation {} is still mapped ({} mapping(s)); unmap it first",
+                    p.id, ph.maps
+                ),
+            ));
+        }
+        let size = ph.size;
+        self.vmm.physical.remove(&p.id);
+        self.vmm.physical_bytes -= size;
+        Ok(())
+    }
+
+    fn map(&mut self, addr: u64, size: u64, p: &MockPhysical) -> Result<(), BackendError> {
+        const CALL: &str = "map";
+        self.vmm_enabled(CALL)?;
+        let ph = self.vmm.phys(CALL, self.instance, p)?;
+        if ph.size != size {
+            return Err(err(
+                CALL,
+                codes::INVALID_VALUE,
+                format!(
+                    "physical allocation {} has {} bytes but was mapped with size {size}",
+                    p.id, ph.size
+                ),
+            ));
+        }
+        let end = self.vmm.aligned(CALL, addr, size)?;
+        self.vmm.reserved(CALL, addr, end)?;
+        if let Some(q) = self
+            .vmm
+            .pieces(addr, end)
+            .iter()
+            .find(|q| q.mapping.is_some())
+        {
+            return Err(err(
+                CALL,
+                codes::ALREADY_MAPPED,
+                format!("[{:#x}, {:#x}) is already mapped", q.lo, q.hi),
+            ));
+        }
+        self.vmm.mappings.insert(
+            addr,
+            Mapping {
+                size,
+                phys: p.id,
+                access: false,
+                last_use: Vec::new(),
+            },
+        );
+        if let Some(ph) = self.vmm.physical.get_mut(&p.id) {
+            ph.maps += 1;
+        }
+        Ok(())
+    }
+
+    fn unmap(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
+        const CALL: &str = "unmap";
+        self.vmm_enabled(CALL)?;
+        let starts = self.vmm.whole_mappings(CALL, addr, size)?;
+        if starts.len() > 1 {
+            return Err(err(
+                CALL,
+                codes::INVALID_VALUE,
+                format!(
+                    "[{addr:#x}, {:#x}) spans {} mappings; unmap one mapping per call \
+                     (cuMemUnmap takes the whole range of one mapping)",
+                    addr + size,
+                    starts.len()
+                ),
+            ));
+        }
+        for &s in &starts {
+            let m = &self.vmm.mappings[&s];
+            let pending = m
+                .last_use
+                .iter()
+                .enumerate()
+                .find(|&(j, &pos)| self.streams.get(j).is_some_and(|st| pos > st.completed));
+            if let Some((j, &pos)) = pending {
+                return Err(err(
+                    CALL,
+                    codes::NOT_READY,
+                    format!(
+                        "work #{pos} on stream{j}, not yet complete, touches the mapping \
+                         [{s:#x}, {:#x}); synchronize before unmapping",
+                        s + m.size
+                    ),
+                ));
+            }
+        }
+        for s in starts {
+            if let Some(m) = self.vmm.mappings.remove(&s)
+                && let Some(ph) = self.vmm.physical.get_mut(&m.phys)
+            {
+                ph.maps -= 1;
+            }
+        }
+        // Every use of the range has completed (checked above).
+        self.shadow.remove_range(addr, addr + size);
+        Ok(())
+    }
+
+    fn set_access(
+        &mut self,
+        addr: u64,
+        size: u64,
+        device: DeviceIndex,
+    ) -> Result<(), BackendError> {
+        const CALL: &str = "set_access";
+        self.vmm_enabled(CALL)?;
+        if device != self.device {
+            return Err(err(
+                CALL,
+                codes::INVALID_DEVICE,
+                format!(
+                    "device {device} is not this mock device ({}); the mock has no peers",
+                    self.device
+                ),
+            ));
+        }
+        for s in self.vmm.whole_mappings(CALL, addr, size)? {
+            if let Some(m) = self.vmm.mappings.get_mut(&s) {
+                m.access = true;
+            }
+        }
         Ok(())
     }
 
@@ -452,6 +789,14 @@ impl State {
             MockCall::MarkAncestors => {}
             MockCall::AddEmptyNode => c.add_empty_node += 1,
             MockCall::UpdateCaptureDependencies => c.update_capture_dependencies += 1,
+            MockCall::Granularity => c.granularity += 1,
+            MockCall::Reserve => c.reserve += 1,
+            MockCall::Unreserve => c.unreserve += 1,
+            MockCall::CreatePhysical => c.create_physical += 1,
+            MockCall::ReleasePhysical => c.release_physical += 1,
+            MockCall::Map => c.map += 1,
+            MockCall::Unmap => c.unmap += 1,
+            MockCall::SetAccess => c.set_access += 1,
         }
         let k = call.index();
         self.calls[k] += 1;
@@ -470,6 +815,8 @@ impl State {
             MockCall::Malloc => c.malloc_failed += 1,
             MockCall::Free => c.free_failed += 1,
             MockCall::CreateEvent => c.create_event_failed += 1,
+            MockCall::Reserve => c.reserve_failed += 1,
+            MockCall::CreatePhysical => c.create_physical_failed += 1,
             _ => {}
         }
     }
@@ -525,7 +872,11 @@ impl State {
             }
         }
         for u in uses {
-            self.data.write(u.addr, u.addr + u.len, u.tag);
+            if self.in_segment(u.addr, u.addr + u.len) {
+                self.data.write(u.addr, u.addr + u.len, u.tag);
+            } else {
+                self.touch_reserved(i, pos, u);
+            }
         }
         match self.completion {
             Completion::Immediate => self.complete_to(i, pos),
@@ -1217,6 +1568,8 @@ pub struct MockBackend {
     /// `MockConfig::node_numbers` (read without the lock: `node_index` is
     /// called from inside walks).
     node_numbers: bool,
+    /// `MockConfig::virtual_memory` (answers `Backend::virtual_memory`).
+    virtual_memory: bool,
     inner: Arc<Mutex<State>>,
 }
 
@@ -1229,6 +1582,7 @@ impl fmt::Debug for MockBackend {
             .field("capacity", &st.capacity)
             .field("live_bytes", &st.live)
             .field("segments", &st.segments.len())
+            .field("vmm", &st.vmm.usage())
             .field("streams", &st.streams.len())
             .field("events", &st.events.len())
             .field("captures_underway", &st.captures.len())
@@ -1248,6 +1602,7 @@ impl MockBackend {
         Self {
             device: config.device,
             node_numbers: config.node_numbers,
+            virtual_memory: config.virtual_memory,
             inner: Arc::new(Mutex::new(State::new(&config))),
         }
     }
@@ -1276,6 +1631,26 @@ impl MockBackend {
         let mut st = self.inner.lock();
         let r = match st.enter(call) {
             Some(failure) => Err(st.injected_error(call, failure)),
+            None => f(&mut st),
+        };
+        if r.is_err() {
+            st.failed(call);
+        }
+        r
+    }
+
+    /// Like [`Self::call`] for an entry point that allocates (`malloc`,
+    /// `reserve`, `create_physical`): an injected [`Failure::OutOfMemory`]
+    /// is `DeviceAllocError::OutOfMemory`.
+    fn alloc_call<T>(
+        &self,
+        call: MockCall,
+        f: impl FnOnce(&mut State) -> Result<T, DeviceAllocError>,
+    ) -> Result<T, DeviceAllocError> {
+        let mut st = self.inner.lock();
+        let r = match st.enter(call) {
+            Some(Failure::OutOfMemory) => Err(DeviceAllocError::OutOfMemory),
+            Some(f) => Err(DeviceAllocError::Backend(st.injected_error(call, f))),
             None => f(&mut st),
         };
         if r.is_err() {
@@ -1334,6 +1709,129 @@ impl MockBackend {
         self.inner.lock().segments.len()
     }
 
+    // ----- virtual memory ------------------------------------------------
+
+    /// `[start, end)` of the address range reservations are placed in:
+    /// right above the segment range ([`Self::address_range`]), so that no
+    /// reservation overlaps a segment. With the default base it is the rest
+    /// of the device's [`crate::DEVICE_ADDRESS_STRIDE`] span (empty, so that
+    /// every `reserve` fails with OOM, when the segment range fills the
+    /// span: capacities of 4 TiB and more; set a smaller
+    /// [`MockConfig::address_space`] to make room); with a base of the
+    /// caller's, `max(1 TiB, 4 × capacity)` bytes.
+    pub fn reservation_range(&self) -> (u64, u64) {
+        self.inner.lock().vmm.range
+    }
+
+    /// Bytes of device memory held by physical allocations (they count
+    /// against the capacity, like segments; [`Self::live_bytes`] counts
+    /// segments only).
+    pub fn live_physical_bytes(&self) -> u64 {
+        self.inner.lock().vmm.physical_bytes
+    }
+
+    /// Number of live physical allocations.
+    pub fn physical_count(&self) -> usize {
+        self.inner.lock().vmm.physical.len()
+    }
+
+    /// Live physical allocations as `(id, size)`, by id.
+    pub fn live_physical(&self) -> Vec<(u64, u64)> {
+        let st = self.inner.lock();
+        st.vmm
+            .physical
+            .iter()
+            .map(|(&id, p)| (id, p.size))
+            .collect()
+    }
+
+    /// Live reservations as `(address, size)`, by address.
+    pub fn live_reservations(&self) -> Vec<(u64, u64)> {
+        let st = self.inner.lock();
+        st.vmm.reservations.iter().map(|(&a, &s)| (a, s)).collect()
+    }
+
+    /// Number of live reservations.
+    pub fn reservation_count(&self) -> usize {
+        self.inner.lock().vmm.reservations.len()
+    }
+
+    /// Bytes of address space held by live reservations.
+    pub fn reserved_bytes(&self) -> u64 {
+        self.inner.lock().vmm.reservations.values().sum()
+    }
+
+    /// Live mappings, by address.
+    pub fn mappings(&self) -> Vec<MockMapping> {
+        let st = self.inner.lock();
+        st.vmm
+            .mappings
+            .iter()
+            .map(|(&addr, m)| MockMapping {
+                addr,
+                size: m.size,
+                physical: m.phys,
+                accessible: m.access,
+            })
+            .collect()
+    }
+
+    /// Number of live mappings.
+    pub fn mapping_count(&self) -> usize {
+        self.inner.lock().vmm.mappings.len()
+    }
+
+    /// Bytes mapped.
+    pub fn mapped_bytes(&self) -> u64 {
+        self.inner
+            .lock()
+            .vmm
+            .mappings
+            .values()
+            .map(|m| m.size)
+            .sum()
+    }
+
+    /// Everything the device's virtual memory holds, in one snapshot.
+    pub fn vmm_usage(&self) -> VmmUsage {
+        self.inner.lock().vmm.usage()
+    }
+
+    /// The "nothing leaked" check of virtual memory: panics, listing what is
+    /// left, unless no reservation, no physical allocation and no mapping
+    /// is live.
+    #[track_caller]
+    pub fn assert_no_vmm_leaks(&self) {
+        let st = self.inner.lock();
+        let usage = st.vmm.usage();
+        if !usage.is_empty() {
+            let res: Vec<(u64, u64)> = st.vmm.reservations.iter().map(|(&a, &s)| (a, s)).collect();
+            let phys: Vec<(u64, u64)> = st.vmm.physical.iter().map(|(&i, p)| (i, p.size)).collect();
+            let maps: Vec<(u64, u64)> = st.vmm.mappings.iter().map(|(&a, m)| (a, m.phys)).collect();
+            drop(st);
+            panic!(
+                "virtual memory leaked: {usage}; reservations (addr, size) {res:x?}, physical \
+                 (id, size) {phys:?}, mappings (addr, physical id) {maps:x?}"
+            );
+        }
+    }
+
+    /// Every invalid access found so far (eager uses of reserved bytes not
+    /// mapped, or mapped without access), in discovery order.
+    pub fn invalid_accesses(&self) -> Vec<InvalidAccess> {
+        self.inner.lock().invalid.clone()
+    }
+
+    /// Number of invalid accesses found so far.
+    pub fn invalid_access_count(&self) -> usize {
+        self.inner.lock().invalid.len()
+    }
+
+    /// Forgets the invalid accesses found so far.
+    pub fn clear_invalid_accesses(&self) {
+        self.inner.lock().invalid.clear();
+    }
+
     // ----- simulated contents -----------------------------------------------
 
     /// What `[addr, addr + len)` holds: the mock stores no bytes, only the
@@ -1344,32 +1842,32 @@ impl MockBackend {
     /// order covering the range, `None` for bytes not written since their
     /// segment was allocated (freeing a segment forgets its contents; uses
     /// inside a capture write nothing until the graph is launched). The range
-    /// must lie inside one live segment, as for a use.
+    /// must lie inside one live segment, as for a use, or inside one
+    /// reservation with every byte mapped ([`codes::NOT_MAPPED`] otherwise).
+    ///
+    /// The contents of mapped bytes belong to the physical memory behind
+    /// them: unmapping keeps them, mapping the same physical allocation
+    /// elsewhere shows them there, releasing it forgets them. Writes through
+    /// a mapping without access are lost (and reported,
+    /// [`Self::invalid_accesses`]).
     pub fn read_tags(
         &self,
         addr: u64,
         len: u64,
     ) -> Result<Vec<(u64, u64, Option<u64>)>, BackendError> {
-        self.with(|st| {
-            st.check_use("read_tags", &MemUse { addr, len, tag: 0 })?;
-            Ok(st.data.read(addr, addr + len))
-        })
+        self.with(|st| st.read_data("read_tags", &MemUse { addr, len, tag: 0 }))
     }
 
     /// The tag last written at byte `addr` (see [`Self::read_tags`]); `None`
     /// when not written or not in a live segment.
     pub fn tag_at(&self, addr: u64) -> Option<u64> {
         let st = self.inner.lock();
-        st.check_use(
-            "tag_at",
-            &MemUse {
-                addr,
-                len: 1,
-                tag: 0,
-            },
-        )
-        .ok()?;
-        st.data.read(addr, addr + 1).first().and_then(|r| r.2)
+        let u = MemUse {
+            addr,
+            len: 1,
+            tag: 0,
+        };
+        st.read_data("tag_at", &u).ok()?.first().and_then(|r| r.2)
     }
 
     // ----- failure injection ----------------------------------------------
@@ -1379,9 +1877,11 @@ impl MockBackend {
     // created (`call_count`); an injected failure fires when the call's
     // number comes up, before the call does anything (no state changes: a
     // failed `free` leaves the segment allocated, a failed `record_event`
-    // leaves the event as it was, ...) and returns a typed error:
-    // `malloc` a `DeviceAllocError` (`OutOfMemory` or `Backend`), every other
-    // call a `BackendError` whose `call` is `MockCall::name`. A failed call
+    // leaves the event as it was, a failed `release_physical` leaves the
+    // memory allocated, ...) and returns a typed error: `malloc`, `reserve`
+    // and `create_physical` a `DeviceAllocError` (`OutOfMemory` or
+    // `Backend`), every other call a `BackendError` whose `call` is
+    // `MockCall::name`. A failed call
     // still counts in `counters()` (its call counter, `errors`, the
     // `*_failed` counter where there is one, and `injected`) and advances the
     // operation clock.
@@ -1393,7 +1893,8 @@ impl MockBackend {
 
     /// Makes the `n`-th call of `call` from now (1 = the next one) fail once
     /// with [`Failure::INJECTED`] (a `BackendError` with code
-    /// [`codes::INJECTED`]; for `malloc`, `DeviceAllocError::Backend`).
+    /// [`codes::INJECTED`]; for `malloc`, `reserve` and `create_physical`,
+    /// `DeviceAllocError::Backend`).
     /// `n = 0` is ignored. Injecting twice at the same call keeps the later
     /// failure.
     pub fn fail_call_at(&self, call: MockCall, n: u64) {
@@ -1524,7 +2025,9 @@ impl MockBackend {
 
     /// Submits one unit of work on `stream` that touches `[addr, addr+len)`
     /// on behalf of allocation `tag`, and checks it for races. The range
-    /// must lie inside one live segment and `len` must not be 0.
+    /// must lie inside one live segment or one reservation, and `len` must
+    /// not be 0; bytes of a reservation not mapped, or mapped without
+    /// access, are reported ([`Self::invalid_accesses`]).
     pub fn use_memory(
         &self,
         stream: MockStream,
@@ -1550,7 +2053,7 @@ impl MockBackend {
     /// Launches `graph` on `stream`: outside capture, one unit of work
     /// carrying every use of the graph (checked against other streams'
     /// work); inside a capture, one child-graph node. Every use must still
-    /// lie in a live segment.
+    /// lie in a live segment or a reservation (as for [`Self::use_memory`]).
     pub fn launch_graph(
         &self,
         graph: &MockGraph,
@@ -1766,7 +2269,7 @@ impl Backend for MockBackend {
     type Event = MockEvent;
     type Ptr = u64;
     type Capture = Self;
-    type VirtualMemory = NoVirtualMemory;
+    type VirtualMemory = Self;
 
     fn name(&self) -> &'static str {
         NAME
@@ -1781,18 +2284,7 @@ impl Backend for MockBackend {
     }
 
     fn malloc(&self, size: u64) -> Result<u64, DeviceAllocError> {
-        let mut st = self.inner.lock();
-        let r = match st.enter(MockCall::Malloc) {
-            Some(Failure::OutOfMemory) => Err(DeviceAllocError::OutOfMemory),
-            Some(f) => Err(DeviceAllocError::Backend(
-                st.injected_error(MockCall::Malloc, f),
-            )),
-            None => st.malloc(size),
-        };
-        if r.is_err() {
-            st.failed(MockCall::Malloc);
-        }
-        r
+        self.alloc_call(MockCall::Malloc, |st| st.malloc(size))
     }
 
     fn free(&self, ptr: u64, size: u64) -> Result<(), BackendError> {
@@ -1802,9 +2294,7 @@ impl Backend for MockBackend {
     fn memory_info(&self) -> Result<MemoryInfo, BackendError> {
         self.call(MockCall::MemoryInfo, |st| {
             Ok(MemoryInfo {
-                free: st
-                    .capacity
-                    .saturating_sub(st.live.saturating_add(st.external)),
+                free: st.capacity.saturating_sub(st.used()),
                 total: st.capacity,
             })
         })
@@ -1842,6 +2332,53 @@ impl Backend for MockBackend {
 
     fn capture(&self) -> Option<&Self> {
         Some(self)
+    }
+
+    fn virtual_memory(&self) -> Option<&Self> {
+        self.virtual_memory.then_some(self)
+    }
+}
+
+/// Simulated virtual memory; see the [crate documentation](crate) for the
+/// model and the errors of each misuse.
+impl VirtualMemory for MockBackend {
+    type Physical = MockPhysical;
+
+    fn granularity(&self) -> Result<u64, BackendError> {
+        self.call(MockCall::Granularity, |st| {
+            st.vmm_enabled("granularity")?;
+            Ok(st.vmm.granularity)
+        })
+    }
+
+    fn reserve(&self, size: u64) -> Result<u64, DeviceAllocError> {
+        self.alloc_call(MockCall::Reserve, |st| st.reserve(size))
+    }
+
+    fn unreserve(&self, addr: u64, size: u64) -> Result<(), BackendError> {
+        self.call(MockCall::Unreserve, |st| st.unreserve(addr, size))
+    }
+
+    fn create_physical(&self, size: u64) -> Result<MockPhysical, DeviceAllocError> {
+        self.alloc_call(MockCall::CreatePhysical, |st| st.create_physical(size))
+    }
+
+    fn release_physical(&self, physical: MockPhysical) -> Result<(), BackendError> {
+        self.call(MockCall::ReleasePhysical, |st| {
+            st.release_physical(&physical)
+        })
+    }
+
+    fn map(&self, addr: u64, size: u64, physical: &MockPhysical) -> Result<(), BackendError> {
+        self.call(MockCall::Map, |st| st.map(addr, size, physical))
+    }
+
+    fn unmap(&self, addr: u64, size: u64) -> Result<(), BackendError> {
+        self.call(MockCall::Unmap, |st| st.unmap(addr, size))
+    }
+
+    fn set_access(&self, addr: u64, size: u64, device: DeviceIndex) -> Result<(), BackendError> {
+        self.call(MockCall::SetAccess, |st| st.set_access(addr, size, device))
     }
 }
 

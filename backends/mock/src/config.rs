@@ -20,6 +20,9 @@ pub const DEVICE_ADDRESS_STRIDE: u64 = 1 << 44;
 /// Smallest default address range (1 TiB).
 const MIN_ADDRESS_SPACE: u64 = 1 << 40;
 
+/// Default virtual-memory granularity (2 MiB, CUDA's minimum on current GPUs).
+pub const DEFAULT_GRANULARITY: u64 = 2 << 20;
+
 /// Settings of a [`MockBackend`]; build one with [`MockConfig::build`].
 ///
 /// ```
@@ -59,12 +62,20 @@ pub struct MockConfig {
     /// the engine numbers nodes itself and walks the graph node by node
     /// through `Backend::extend_node_dependencies`.
     pub node_numbers: bool,
+    /// Whether the device has virtual memory: `Backend::virtual_memory`
+    /// answers `Some` and the `VirtualMemory` calls work (off, they fail
+    /// with [`crate::codes::NOT_SUPPORTED`]).
+    pub virtual_memory: bool,
+    /// The virtual-memory granularity in bytes: a power of two of at least
+    /// 512 (other values are rounded up to one).
+    pub granularity: u64,
 }
 
 impl MockConfig {
     /// Defaults: device 0, [`Placement::Cuda13`], [`Completion::Manual`],
     /// [`CaptureMode::Global`], race checking on, the device's default base
-    /// (`0x7f00_0000_0000` for device 0), graph nodes numbered.
+    /// (`0x7f00_0000_0000` for device 0), graph nodes numbered, virtual
+    /// memory on with a granularity of [`DEFAULT_GRANULARITY`] (2 MiB).
     pub fn new(total_memory: u64) -> Self {
         Self {
             device: 0,
@@ -76,7 +87,21 @@ impl MockConfig {
             base_address: None,
             address_space: None,
             node_numbers: true,
+            virtual_memory: true,
+            granularity: DEFAULT_GRANULARITY,
         }
+    }
+
+    /// Turns virtual memory on or off (see [`MockConfig::virtual_memory`]).
+    pub fn virtual_memory(mut self, on: bool) -> Self {
+        self.virtual_memory = on;
+        self
+    }
+
+    /// Sets the virtual-memory granularity (see [`MockConfig::granularity`]).
+    pub fn granularity(mut self, bytes: u64) -> Self {
+        self.granularity = bytes;
+        self
     }
 
     /// Sets whether graph nodes are numbered for the engine (see
@@ -170,5 +195,38 @@ impl MockConfig {
         };
         let room = (u64::MAX - base) / CHUNK * CHUNK;
         (base, want.min(room))
+    }
+
+    /// The effective granularity: a power of two, at least 512.
+    pub(crate) fn effective_granularity(&self) -> u64 {
+        self.granularity
+            .max(512)
+            .checked_next_power_of_two()
+            .unwrap_or(1 << 63)
+    }
+
+    /// The effective `[start, end)` of the range reservations are placed
+    /// in, both multiples of the granularity: right above the segment range.
+    /// With the default base it is the rest of the device's
+    /// [`DEVICE_ADDRESS_STRIDE`] span (15 TiB for capacities up to 256 GiB;
+    /// empty, so that every `reserve` fails with OOM, when the segment range
+    /// fills the span); with a base of the caller's, `max(1 TiB, 4 ×
+    /// capacity)`. Never overlaps the segment range.
+    pub(crate) fn reservation_range(&self) -> (u64, u64) {
+        let g = self.effective_granularity();
+        let (base, size) = self.range();
+        let seg_end = base + size;
+        let span_end = DEFAULT_BASE_ADDRESS
+            .saturating_add(u64::from(self.device).saturating_mul(DEVICE_ADDRESS_STRIDE))
+            .saturating_add(DEVICE_ADDRESS_STRIDE);
+        let end = if self.base_address.is_none() && seg_end <= span_end {
+            span_end
+        } else {
+            let want = self.total_memory.saturating_mul(4).max(MIN_ADDRESS_SPACE);
+            seg_end.saturating_add(want)
+        };
+        let start = seg_end.div_ceil(g).saturating_mul(g);
+        let end = end / g * g;
+        (start, end.max(start))
     }
 }

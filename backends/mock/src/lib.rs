@@ -23,6 +23,39 @@
 //! * **Contents.** The mock stores no bytes but remembers which tag each
 //!   eager use wrote where ([`MockBackend::read_tags`],
 //!   [`MockBackend::tag_at`]); freeing a segment forgets its contents.
+//! * **Virtual memory.** [`MockBackend`] implements
+//!   [`cachalot_core::VirtualMemory`] (`Backend::virtual_memory` answers
+//!   `Some` unless [`MockConfig::virtual_memory`] is off; then every call
+//!   fails with [`codes::NOT_SUPPORTED`]). Every size and address is a
+//!   multiple of the granularity ([`MockConfig::granularity`], 2 MiB by
+//!   default), else [`codes::INVALID_VALUE`]. `reserve` places ranges
+//!   lowest-first in their own address range, above the segment range
+//!   ([`MockBackend::reservation_range`]); `create_physical` counts against
+//!   the capacity like `malloc` (and `malloc` against physical memory; OOM
+//!   as `DeviceAllocError::OutOfMemory`); `memory_info` reports both. A
+//!   mapping starts inaccessible; `set_access` (own device only, else
+//!   [`codes::INVALID_DEVICE`]) makes it accessible. The contents of mapped
+//!   bytes belong to the physical allocation: they survive `unmap` and show
+//!   wherever it is mapped next. Misuse is a typed error and changes
+//!   nothing: mapping over mapped pages ([`codes::ALREADY_MAPPED`]);
+//!   mapping, unmapping or `set_access` outside one reservation
+//!   ([`codes::INVALID_DEVICE_POINTER`]); a physical allocation mapped with
+//!   a size other than its own, `unmap`/`set_access` of part of a mapping,
+//!   `unmap` of more than one mapping at once (CUDA's `cuMemUnmap` takes
+//!   exactly one; `set_access` may span several) ([`codes::INVALID_VALUE`]); `unmap`/`set_access` over pages not mapped
+//!   ([`codes::NOT_MAPPED`]); `unmap` of a mapping that eager work not yet
+//!   complete touches ([`codes::NOT_READY`]: `cuMemUnmap` is not stream
+//!   ordered, synchronize first); `unreserve` of a range with pages still
+//!   mapped or `release_physical` of memory still mapped
+//!   ([`codes::ILLEGAL_STATE`]; stricter than CUDA, which defers the free);
+//!   an unknown or released handle ([`codes::INVALID_RESOURCE_HANDLE`]); an
+//!   unknown reservation ([`codes::INVALID_DEVICE_POINTER`]) or a wrong
+//!   size ([`codes::INVALID_VALUE`]) to `unreserve`. A use of reserved bytes
+//!   that are not mapped or not accessible is submitted but reported
+//!   ([`MockBackend::invalid_accesses`]). Accessors:
+//!   [`MockBackend::live_physical_bytes`], [`MockBackend::reservation_count`],
+//!   [`MockBackend::mappings`], ...; [`MockBackend::vmm_usage`] and
+//!   [`MockBackend::assert_no_vmm_leaks`] check that nothing leaked.
 //! * **Streams and work.** Stream 0 is the default (legacy) stream; others
 //!   come from [`MockBackend::create_stream`]. Each stream counts submitted
 //!   and completed units of work. Work ([`MockBackend::launch`],
@@ -70,11 +103,12 @@
 //!   `malloc` and `free` are allowed during capture (relaxed mode) and
 //!   counted. `end_capture` fails with [`codes::STREAM_CAPTURE_UNJOINED`]
 //!   when a forked stream's terminal nodes are not ancestors of the origin's.
-//! * **Failure injection.** Every fallible `Backend` and `GraphCapture`
-//!   entry point ([`MockCall`]) can be made to fail at its n-th call from now
-//!   ([`MockBackend::fail_call_at`], [`MockBackend::fail_call_at_with`]) or
-//!   at every call ([`MockBackend::fail_call_always`]), with a typed error
-//!   and no side effect; [`MockBackend::call_count`] numbers the calls of
+//! * **Failure injection.** Every fallible `Backend`, `GraphCapture` and
+//!   `VirtualMemory` entry point ([`MockCall`]) can be made to fail at its
+//!   n-th call from now ([`MockBackend::fail_call_at`],
+//!   [`MockBackend::fail_call_at_with`]) or at every call
+//!   ([`MockBackend::fail_call_always`]), with a typed error and no side
+//!   effect; [`MockBackend::call_count`] numbers the calls of
 //!   each kind and [`MockCounters::injected`] counts the failures that fired.
 //!
 //! ```
@@ -106,12 +140,14 @@ mod graph;
 mod shadow;
 mod space;
 mod types;
+mod vmm;
 
 pub use backend::MockBackend;
-pub use config::{DEFAULT_BASE_ADDRESS, DEVICE_ADDRESS_STRIDE, MockConfig};
+pub use config::{DEFAULT_BASE_ADDRESS, DEFAULT_GRANULARITY, DEVICE_ADDRESS_STRIDE, MockConfig};
 pub use graph::{MockGraph, MockNode, NodeKind};
 pub use space::{BIG_ALIGN, CHUNK, Placement, SMALL_ALIGN, alignment_for};
 pub use types::{
-    CaptureMode, Completion, Failure, MallocFailure, MemUse, MockCall, MockCounters, MockEvent,
-    MockStream, Race, Submitted, UseSite, codes,
+    CaptureMode, Completion, Failure, InvalidAccess, InvalidAccessKind, MallocFailure, MemUse,
+    MockCall, MockCounters, MockEvent, MockStream, Race, Submitted, UseSite, codes,
 };
+pub use vmm::{MockMapping, MockPhysical, VmmUsage};

@@ -126,14 +126,52 @@ impl fmt::Display for Race {
     }
 }
 
-/// Every fallible entry point of the `Backend` and `GraphCapture` traits the
-/// engine calls, as named by the failure-injection API
-/// ([`crate::MockBackend::fail_call_at`] and friends) and by
-/// [`crate::MockBackend::call_count`].
+/// Why an eager use of reserved memory was invalid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum InvalidAccessKind {
+    /// The bytes lie in a reservation but no physical memory is mapped there.
+    Unmapped,
+    /// The bytes are mapped but `set_access` has not made them accessible.
+    NoAccess,
+}
+
+/// An eager use ([`crate::MockBackend::use_memory`], a graph launch) that
+/// touched reserved bytes not mapped, or mapped without access: on a real
+/// device an illegal-address fault. The use is still submitted (it is work,
+/// and the race checker sees it); it writes no data to those bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InvalidAccess {
+    /// The use, as the race checker names it.
+    pub site: UseSite,
+    /// The offending bytes `[start, end)` (one report per contiguous run).
+    pub range: (u64, u64),
+    /// Why they could not be accessed.
+    pub kind: InvalidAccessKind,
+}
+
+impl fmt::Display for InvalidAccess {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let why = match self.kind {
+            InvalidAccessKind::Unmapped => "not mapped",
+            InvalidAccessKind::NoAccess => "mapped without access",
+        };
+        write!(
+            f,
+            "invalid access to [{:#x}, {:#x}) ({why}): tag {} ({} on {})",
+            self.range.0, self.range.1, self.site.tag, self.site.at, self.site.stream,
+        )
+    }
+}
+
+/// Every fallible entry point of the `Backend`, `GraphCapture` and
+/// `VirtualMemory` traits the engine calls, as named by the
+/// failure-injection API ([`crate::MockBackend::fail_call_at`] and friends)
+/// and by [`crate::MockBackend::call_count`].
 ///
 /// The infallible entry points (`name`, `device`, `default_stream`,
-/// `capture`, `node_index`) and the mock's own test controls (`launch`,
-/// `use_memory`, `begin_capture`, ...) cannot be made to fail.
+/// `capture`, `virtual_memory`, `node_index`) and the mock's own test
+/// controls (`launch`, `use_memory`, `begin_capture`, ...) cannot be made to
+/// fail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum MockCall {
     /// `Backend::malloc`.
@@ -167,11 +205,27 @@ pub enum MockCall {
     AddEmptyNode,
     /// `GraphCapture::update_capture_dependencies`.
     UpdateCaptureDependencies,
+    /// `VirtualMemory::granularity`.
+    Granularity,
+    /// `VirtualMemory::reserve`.
+    Reserve,
+    /// `VirtualMemory::unreserve`.
+    Unreserve,
+    /// `VirtualMemory::create_physical`.
+    CreatePhysical,
+    /// `VirtualMemory::release_physical`.
+    ReleasePhysical,
+    /// `VirtualMemory::map`.
+    Map,
+    /// `VirtualMemory::unmap`.
+    Unmap,
+    /// `VirtualMemory::set_access`.
+    SetAccess,
 }
 
 impl MockCall {
     /// Every call kind, in declaration order (for a test matrix).
-    pub const ALL: [MockCall; 15] = [
+    pub const ALL: [MockCall; 23] = [
         MockCall::Malloc,
         MockCall::Free,
         MockCall::MemoryInfo,
@@ -187,6 +241,26 @@ impl MockCall {
         MockCall::MarkAncestors,
         MockCall::AddEmptyNode,
         MockCall::UpdateCaptureDependencies,
+        MockCall::Granularity,
+        MockCall::Reserve,
+        MockCall::Unreserve,
+        MockCall::CreatePhysical,
+        MockCall::ReleasePhysical,
+        MockCall::Map,
+        MockCall::Unmap,
+        MockCall::SetAccess,
+    ];
+
+    /// The virtual-memory calls (`VirtualMemory`), in declaration order.
+    pub const VIRTUAL_MEMORY: [MockCall; 8] = [
+        MockCall::Granularity,
+        MockCall::Reserve,
+        MockCall::Unreserve,
+        MockCall::CreatePhysical,
+        MockCall::ReleasePhysical,
+        MockCall::Map,
+        MockCall::Unmap,
+        MockCall::SetAccess,
     ];
 
     /// The number of call kinds.
@@ -216,6 +290,14 @@ impl MockCall {
             MockCall::MarkAncestors => "mark_ancestors",
             MockCall::AddEmptyNode => "add_empty_node",
             MockCall::UpdateCaptureDependencies => "update_capture_dependencies",
+            MockCall::Granularity => "granularity",
+            MockCall::Reserve => "reserve",
+            MockCall::Unreserve => "unreserve",
+            MockCall::CreatePhysical => "create_physical",
+            MockCall::ReleasePhysical => "release_physical",
+            MockCall::Map => "map",
+            MockCall::Unmap => "unmap",
+            MockCall::SetAccess => "set_access",
         }
     }
 }
@@ -229,10 +311,10 @@ impl fmt::Display for MockCall {
 /// How an injected failure fails.
 ///
 /// * [`Failure::Backend`]: the call returns a
-///   [`cachalot_core::BackendError`] with this code (`malloc`:
-///   `DeviceAllocError::Backend`). [`codes::INJECTED`] is the usual code.
-/// * [`Failure::OutOfMemory`]: `malloc` returns
-///   `DeviceAllocError::OutOfMemory`; any other call returns a
+///   [`cachalot_core::BackendError`] with this code (`malloc`, `reserve`,
+///   `create_physical`: `DeviceAllocError::Backend`). [`codes::INJECTED`] is the usual code.
+/// * [`Failure::OutOfMemory`]: `malloc`, `reserve` and `create_physical`
+///   return `DeviceAllocError::OutOfMemory`; any other call returns a
 ///   `BackendError` with code [`codes::MEMORY_ALLOCATION`] (a driver out of
 ///   memory inside e.g. `cudaEventCreate`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -353,6 +435,29 @@ pub struct MockCounters {
     pub injected: u64,
     /// Captures invalidated (by misuse or `invalidate_capture`).
     pub captures_invalidated: u64,
+    /// `VirtualMemory::granularity` calls.
+    pub granularity: u64,
+    /// `VirtualMemory::reserve` calls.
+    pub reserve: u64,
+    /// `reserve` calls that failed (any reason).
+    pub reserve_failed: u64,
+    /// `VirtualMemory::unreserve` calls.
+    pub unreserve: u64,
+    /// `VirtualMemory::create_physical` calls.
+    pub create_physical: u64,
+    /// `create_physical` calls that failed (any reason).
+    pub create_physical_failed: u64,
+    /// `VirtualMemory::release_physical` calls.
+    pub release_physical: u64,
+    /// `VirtualMemory::map` calls.
+    pub map: u64,
+    /// `VirtualMemory::unmap` calls.
+    pub unmap: u64,
+    /// `VirtualMemory::set_access` calls.
+    pub set_access: u64,
+    /// Eager uses of reserved memory that touched a page not mapped, or
+    /// mapped without access ([`crate::MockBackend::invalid_accesses`]).
+    pub invalid_accesses: u64,
 }
 
 /// Error codes the mock puts in [`cachalot_core::BackendError::code`]; the
@@ -363,11 +468,26 @@ pub mod codes {
     /// Out of memory (`cudaErrorMemoryAllocation`); only in messages, OOM is
     /// reported as `DeviceAllocError::OutOfMemory`.
     pub const MEMORY_ALLOCATION: i64 = 2;
-    /// Pointer not allocated by this device (`cudaErrorInvalidDevicePointer`).
+    /// Pointer not allocated by this device, or an address range not inside
+    /// one reservation (`cudaErrorInvalidDevicePointer`).
     pub const INVALID_DEVICE_POINTER: i64 = 17;
+    /// `set_access` for a device other than the mock's (`cudaErrorInvalidDevice`).
+    pub const INVALID_DEVICE: i64 = 101;
+    /// `map` over pages already mapped (`cudaErrorAlreadyMapped`).
+    pub const ALREADY_MAPPED: i64 = 208;
+    /// `unmap`, `set_access` or `read_tags` over pages not mapped
+    /// (`cudaErrorNotMapped`).
+    pub const NOT_MAPPED: i64 = 211;
+    /// `unmap` of pages that work not yet complete touches (`cudaErrorNotReady`).
+    pub const NOT_READY: i64 = 600;
+    /// A virtual-memory call on a mock configured without virtual memory
+    /// (`cudaErrorNotSupported`).
+    pub const NOT_SUPPORTED: i64 = 801;
     /// Unknown or destroyed stream or event (`cudaErrorInvalidResourceHandle`).
     pub const INVALID_RESOURCE_HANDLE: i64 = 400;
-    /// Call illegal in the stream's state (`cudaErrorIllegalState`).
+    /// Call illegal in the stream's state; also `unreserve` of a range with
+    /// pages still mapped and `release_physical` of memory still mapped
+    /// (`cudaErrorIllegalState`).
     pub const ILLEGAL_STATE: i64 = 401;
     /// Operation not permitted while capturing (`cudaErrorStreamCaptureUnsupported`).
     pub const STREAM_CAPTURE_UNSUPPORTED: i64 = 900;

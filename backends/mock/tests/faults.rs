@@ -2,7 +2,9 @@
 //! once (`fail_call_at`) or always (`fail_call_always`), with a typed error,
 //! without side effects, and is counted.
 
-use cachalot_core::{Backend, CaptureStatus, DependencyUpdate, DeviceAllocError, GraphCapture};
+use cachalot_core::{
+    Backend, CaptureStatus, DependencyUpdate, DeviceAllocError, GraphCapture, VirtualMemory,
+};
 use cachalot_mock::{
     CaptureMode, Failure, MallocFailure, MockBackend, MockCall, MockConfig, MockEvent, MockNode,
     MockStream, Submitted, codes,
@@ -63,7 +65,23 @@ fn fixture(call: MockCall) -> Fix {
 fn invoke(f: &Fix, call: MockCall) -> Result<(), (i64, &'static str)> {
     let d = &f.d;
     let be = |e: cachalot_core::BackendError| (e.code, e.call);
+    let ae = |e: DeviceAllocError, name: &'static str| match e {
+        DeviceAllocError::OutOfMemory => (-1, name),
+        DeviceAllocError::Backend(e) => (e.code, e.call),
+    };
     let node = || f.node.expect("capture fixture");
+    // The setup of a virtual-memory call: a reservation, a physical
+    // allocation, a mapping.
+    let reserve = || d.reserve(2 * M).expect("reserve for the call");
+    let create = || {
+        d.create_physical(2 * M)
+            .expect("create_physical for the call")
+    };
+    let mapped = || {
+        let (a, p) = (reserve(), create());
+        d.map(a, 2 * M, &p).expect("map for the call");
+        a
+    };
     match call {
         MockCall::Malloc => d.malloc(2 * M).map(drop).map_err(|e| match e {
             DeviceAllocError::OutOfMemory => (-1, "malloc"),
@@ -108,6 +126,32 @@ fn invoke(f: &Fix, call: MockCall) -> Result<(), (i64, &'static str)> {
         MockCall::UpdateCaptureDependencies => d
             .update_capture_dependencies(f.s2, &[node()], DependencyUpdate::Add)
             .map_err(be),
+        MockCall::Granularity => d.granularity().map(drop).map_err(be),
+        MockCall::Reserve => d.reserve(2 * M).map(drop).map_err(|e| ae(e, "reserve")),
+        MockCall::Unreserve => d.unreserve(reserve(), 2 * M).map_err(be),
+        MockCall::CreatePhysical => d
+            .create_physical(2 * M)
+            .map(drop)
+            .map_err(|e| ae(e, "create_physical")),
+        MockCall::ReleasePhysical => d.release_physical(create()).map_err(be),
+        MockCall::Map => d.map(reserve(), 2 * M, &create()).map_err(be),
+        MockCall::Unmap => d.unmap(mapped(), 2 * M).map_err(be),
+        MockCall::SetAccess => d.set_access(mapped(), 2 * M, 0).map_err(be),
+    }
+}
+
+/// The calls `invoke(call)` makes before the call itself.
+fn setup_calls(call: MockCall) -> &'static [MockCall] {
+    match call {
+        MockCall::Free => &[MockCall::Malloc],
+        MockCall::DestroyEvent => &[MockCall::CreateEvent],
+        MockCall::Unreserve => &[MockCall::Reserve],
+        MockCall::ReleasePhysical => &[MockCall::CreatePhysical],
+        MockCall::Map => &[MockCall::Reserve, MockCall::CreatePhysical],
+        MockCall::Unmap | MockCall::SetAccess => {
+            &[MockCall::Reserve, MockCall::CreatePhysical, MockCall::Map]
+        }
+        _ => &[],
     }
 }
 
@@ -147,10 +191,9 @@ fn other_kinds_are_not_affected() {
                 f.d.fail_call_at(other, 1);
             }
         }
-        // Free and DestroyEvent also call malloc / create_event: spare those.
-        if matches!(call, MockCall::Free | MockCall::DestroyEvent) {
-            f.d.clear_failures_of(MockCall::Malloc);
-            f.d.clear_failures_of(MockCall::CreateEvent);
+        // Free, DestroyEvent, Map, ... make other calls first: spare those.
+        for &setup in setup_calls(call) {
+            f.d.clear_failures_of(setup);
         }
         assert_eq!(
             invoke(&f, call),

@@ -304,8 +304,8 @@ impl<S> GraphCapture<S> for NoCapture {
 /// Virtual-memory management (CUDA's `cuMem*`, HIP's `hipMem*`, Level
 /// Zero's `zeVirtualMem*`/`zePhysicalMem*`): reserve an address range, back
 /// parts of it with physical pages, and make them accessible. The engine's
-/// expandable segments build on it; no backend implements it yet
-/// (every backend names [`NoVirtualMemory`]).
+/// expandable segments build on it; backends without it name
+/// [`NoVirtualMemory`].
 ///
 /// Every size and offset is a multiple of [`VirtualMemory::granularity`].
 pub trait VirtualMemory: Send + Sync {
