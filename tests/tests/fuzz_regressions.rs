@@ -54,3 +54,45 @@ fn engine_on_pseudo_random_inputs() {
         engine(&bytes);
     }
 }
+
+/// Found by the engine target (`fuzz/regressions/engine/
+/// record-stream-eager-during-capture.bin`): a `record_stream` made while a
+/// capture is underway, onto a stream outside the capture, was kept as a
+/// captured use and dropped when the capture ended, so the block was
+/// reused while that stream's eager work on it was still pending.
+#[test]
+fn record_stream_of_an_eager_stream_during_capture_waits_for_its_work() {
+    use cachalot_core::{AllocatorConfig, Backend, CachingAllocator, PoolFilter};
+    use cachalot_mock::MockConfig;
+
+    let m = MockConfig::new(1 << 30).auto_complete(false).build();
+    let a = CachingAllocator::with_config(m.clone(), AllocatorConfig::default()).unwrap();
+    let (s0, s2, s3) = (m.default_stream(), m.create_stream(), m.create_stream());
+    let x = a.allocate(31488, s3).unwrap();
+    m.use_memory(s3, x, 31488, 1).unwrap();
+    let pool = cachalot_core::graph_pool_handle();
+    a.begin_allocate_to_pool(pool, PoolFilter::CaptureOf(s2))
+        .unwrap();
+    m.begin_capture(s2).unwrap();
+    // s0 (not capturing) waits for s3, uses the block and records it
+    let e = m.create_event().unwrap();
+    m.record_event(&e, s3).unwrap();
+    m.stream_wait_event(s0, &e).unwrap();
+    m.destroy_event(e).unwrap();
+    a.record_stream(x, s0).unwrap();
+    m.use_memory(s0, x, 31488, 1).unwrap();
+    a.free(x).unwrap();
+    let g = m.end_capture(s2).unwrap();
+    a.end_allocate_to_pool(pool).unwrap();
+    // s0's work is still pending: the block must not come back on s3
+    let y = a.allocate(48076, s3).unwrap();
+    m.use_memory(s3, y, 48076, 2).unwrap();
+    assert!(m.races().is_empty(), "race: {}", m.races()[0]);
+    a.check_invariants().unwrap();
+    m.complete_all();
+    a.free(y).unwrap();
+    drop(g);
+    a.release_pool(pool).unwrap();
+    a.empty_cache().unwrap();
+    assert!(m.live_segments().is_empty());
+}
