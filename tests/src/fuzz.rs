@@ -592,6 +592,13 @@ impl World {
     }
 }
 
+/// Whether `CACHALOT_FUZZ_DEBUG` is set: [`engine`] then prints each
+/// operation to stderr (to read a crash input).
+fn debug() -> bool {
+    static DEBUG: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *DEBUG.get_or_init(|| std::env::var_os("CACHALOT_FUZZ_DEBUG").is_some())
+}
+
 /// Runs the program the bytes decode to; panics when an invariant breaks,
 /// the race checker finds a race, an operation fails in a way the program
 /// cannot cause, or something is left at the end.
@@ -625,9 +632,16 @@ pub fn engine(data: &[u8]) {
         graphs: Vec::new(),
         next_tag: 1,
     };
+    let debug = debug();
+    if debug {
+        eprintln!("capacity {capacity}, config {:?}", w.a.config().last_config_string);
+    }
     let mut n = 0;
     while n < MAX_OPS && !u.is_empty() {
         let Ok(op) = Op::arbitrary(&mut u) else { break };
+        if debug {
+            eprintln!("op {n}: {op:?}");
+        }
         w.step(&op);
         w.check(Some(&op));
         n += 1;
