@@ -547,9 +547,7 @@ impl World {
                 if self.graphs.is_empty() {
                     return;
                 }
-                let (g, c) = self
-                    .graphs
-                    .swap_remove(*pick as usize % self.graphs.len());
+                let (g, c) = self.graphs.swap_remove(*pick as usize % self.graphs.len());
                 drop(g);
                 self.a
                     .release_pool(self.captures[c].pool)
@@ -634,7 +632,10 @@ pub fn engine(data: &[u8]) {
     };
     let debug = debug();
     if debug {
-        eprintln!("capacity {capacity}, config {:?}", w.a.config().last_config_string);
+        eprintln!(
+            "capacity {capacity}, config {:?}",
+            w.a.config().last_config_string
+        );
     }
     let mut n = 0;
     while n < MAX_OPS && !u.is_empty() {

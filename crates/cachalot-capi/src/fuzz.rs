@@ -200,7 +200,12 @@ fn last_error() -> Option<String> {
 
 /// The last error agrees with a call's result `rc`.
 fn check_rc(what: &str, rc: c_int) {
-    assert_ne!(rc, CACHALOT_ERR_PANIC, "{what} panicked: {:?}", last_error());
+    assert_ne!(
+        rc,
+        CACHALOT_ERR_PANIC,
+        "{what} panicked: {:?}",
+        last_error()
+    );
     assert_eq!(cachalot_last_error_code(), rc, "{what}: last error code");
     let msg = last_error();
     assert_eq!(msg.is_some(), rc != CACHALOT_OK, "{what}: message {msg:?}");
@@ -413,11 +418,7 @@ fn run_thread(calls: &[Call], shared: &Mutex<Vec<Ptr>>) {
                     // SAFETY: NULL is allowed.
                     None => unsafe { cachalot_init(null()) },
                 };
-                check_code(
-                    "init",
-                    rc,
-                    &[CACHALOT_OK, CACHALOT_ERR_INVALID_ARGUMENT],
-                );
+                check_code("init", rc, &[CACHALOT_OK, CACHALOT_ERR_INVALID_ARGUMENT]);
                 assert_eq!(backend(), "mock", "the backend stays the mock");
             }
             Call::StreamCreateNull(d) => {
@@ -454,7 +455,10 @@ fn stat(key: &str) -> i64 {
     let s = cachalot_memory_stats_json(0);
     assert!(!s.is_null(), "{:?}", last_error());
     // SAFETY: a NUL-terminated string from cachalot.
-    let text = unsafe { CStr::from_ptr(s) }.to_str().expect("UTF-8").to_owned();
+    let text = unsafe { CStr::from_ptr(s) }
+        .to_str()
+        .expect("UTF-8")
+        .to_owned();
     // SAFETY: from cachalot_memory_stats_json, released once.
     unsafe { cachalot_string_free(s) };
     let v: serde_json::Value = serde_json::from_str(&text).expect("JSON");
@@ -506,7 +510,11 @@ pub fn capi(data: &[u8]) {
         check_code("free", cachalot_last_error_code(), &[CACHALOT_OK]);
     }
     assert_eq!(cachalot_empty_cache(-1), CACHALOT_OK, "{:?}", last_error());
-    assert_eq!(stat("allocated_bytes.all.current"), 0, "bytes left allocated");
+    assert_eq!(
+        stat("allocated_bytes.all.current"),
+        0,
+        "bytes left allocated"
+    );
     assert_eq!(stat("reserved_bytes.all.current"), 0, "bytes left reserved");
     let dev = cachalot::try_allocator(Some(0))
         .expect("the mock device")

@@ -168,7 +168,9 @@ pub fn config(data: &[u8]) {
     match (std::str::from_utf8(raw), &from_env) {
         (Ok(s), _) => assert_eq!(
             from_env.as_ref().map_err(|e| e.kind.clone()),
-            AllocatorConfig::parse(s).as_ref().map_err(|e| e.kind.clone())
+            AllocatorConfig::parse(s)
+                .as_ref()
+                .map_err(|e| e.kind.clone())
         ),
         (Err(_), Err(e)) => {
             assert_eq!(e.env_var, Some("PYTORCH_ALLOC_CONF"));
@@ -253,7 +255,13 @@ mod tests {
 
     #[test]
     fn harnesses_take_any_bytes() {
-        for data in [&b""[..], b"\0", b"\0\0\0\0a 0 1 0\n", b"\xff\xff", b"a 0 1 0\nf 0\n"] {
+        for data in [
+            &b""[..],
+            b"\0",
+            b"\0\0\0\0a 0 1 0\n",
+            b"\xff\xff",
+            b"a 0 1 0\nf 0\n",
+        ] {
             super::trace(data);
             super::config(data);
         }
