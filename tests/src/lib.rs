@@ -12,6 +12,7 @@
 pub mod capture;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod fuzz;
 pub mod mock;
 pub mod suite;
 pub mod vendor;

@@ -15,6 +15,12 @@
 //!   paths and print `skipped: <reason>`.
 //! * `bench-cuda`: packs the release bench and CLI binaries, PyTorch's C++
 //!   anchors and the traces into `dist/cuda/` with a `bench.sh`.
+//! * `fuzz [--seconds N] [--no-asan] [target]`: builds the libFuzzer targets
+//!   of `fuzz/` with nightly and runs each (or the one named) for N seconds
+//!   (default 60), reporting executions; crash inputs land in
+//!   `fuzz/regressions/<target>/`, which `cargo test` replays.
+//! * `miri`: `cargo +nightly miri test` on the C ABI and the HIP and Level
+//!   Zero crates (their fake driver tables).
 
 use std::fs;
 use std::io::{BufRead, BufReader};
@@ -22,6 +28,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
 use serde_json::Value;
+
+mod fuzz;
 
 /// Packages whose tests need a GPU, with the feature (if any) that turns
 /// their CUDA tests on. A package absent from the workspace, or lacking the
@@ -74,6 +82,11 @@ commands:
                the same for Level Zero (Intel GPUs); packs into dist/level-zero/
   bench-cuda   pack release bench/CLI binaries, the C++ anchors and traces
                into dist/cuda/ with bench.sh
+  fuzz [--seconds N] [--no-asan] [target]
+               build the libFuzzer targets of fuzz/ (nightly) and run each
+               (trace, config, engine, capi) for N seconds (default 60)
+  miri         cargo +nightly miri test on cachalot-capi and the HIP and
+               Level Zero crates
 
 options:
   --pack       (test-cuda) pack even when a GPU is present
@@ -86,6 +99,21 @@ fn main() -> ExitCode {
         eprint!("{USAGE}");
         return ExitCode::from(2);
     };
+    if matches!(cmd.as_str(), "fuzz" | "miri") {
+        let result = if cmd == "fuzz" {
+            fuzz::fuzz(&args[1..])
+        } else {
+            fuzz::miri(&args[1..])
+        };
+        return match result {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::FAILURE,
+            Err(e) => {
+                eprintln!("xtask: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let opts = Options {
         pack: args.iter().any(|a| a == "--pack"),
         strip: !args.iter().any(|a| a == "--no-strip"),

@@ -62,6 +62,9 @@ use cachalot::core::config::ConfigReplay;
 use cachalot::{AllocatorConfig, BackendKind, DeviceAllocator, DeviceStats, Error, Stream};
 use parking_lot::Mutex;
 
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzz;
+
 /// Success.
 pub const CACHALOT_OK: c_int = 0;
 /// An argument is invalid: a negative or out-of-range device, a negative

@@ -14,6 +14,8 @@
 pub mod backend;
 pub mod config;
 pub mod error;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzz;
 pub mod stats;
 
 pub use backend::{

@@ -117,16 +117,28 @@ impl<B: Backend> EventState<B> {
 
 impl<B: Backend> Inner<B> {
     /// Marks the allocation at `addr` as used on `stream` (besides its own).
-    pub fn record_stream(&mut self, addr: u64, stream: B::Stream) -> Result<(), Error> {
+    pub fn record_stream(
+        &mut self,
+        backend: &B,
+        addr: u64,
+        stream: B::Stream,
+    ) -> Result<(), Error> {
         let Some(id) = self.live.get(addr) else {
             return Err(self.classify_bad_pointer(addr, false));
         };
-        let capturing = self.capture.is_active();
-        let b = &mut self.blocks[id];
-        if stream == b.stream {
+        if stream == self.blocks[id].stream {
             return Ok(());
         }
-        if capturing {
+        // A use recorded while a capture is underway is a captured use (its
+        // work is in a graph, not queued: dropped when the capture ends)
+        // only when `stream` itself is capturing. A stream outside every
+        // capture runs its work now, so its use needs an end-of-life event
+        // like any other (dropping it let the block be reused while that
+        // work was still pending: found by the engine fuzz target).
+        let captured = self.capture.is_active()
+            && crate::engine::capture::active_capture_id(backend, stream)?.is_some();
+        let b = &mut self.blocks[id];
+        if captured {
             if !b.capture_uses.contains(&stream) {
                 b.capture_uses.push(stream);
             }

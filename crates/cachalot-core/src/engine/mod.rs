@@ -181,7 +181,7 @@ impl<B: Backend> CachingAllocator<B> {
         if addr == 0 {
             return Ok(());
         }
-        self.lock().record_stream(addr, stream)
+        self.lock().record_stream(&self.backend, addr, stream)
     }
 
     /// The size of the block handed out at `addr` (the rounded size, or the

@@ -1,0 +1,98 @@
+//! Replays the committed inputs of the engine fuzz target (`fuzz/seeds/engine`
+//! and every crash found, `fuzz/regressions/engine`) through the harness the
+//! fuzz target runs ([`cachalot_conformance::fuzz::engine`]), plus a few
+//! thousand inputs from a fixed pseudo-random stream, on stable.
+
+use std::path::PathBuf;
+
+use cachalot_conformance::fuzz::engine;
+
+fn inputs(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
+    let root = cachalot_conformance::repo_root().join("fuzz");
+    let mut out = Vec::new();
+    for dir in ["regressions", "seeds"] {
+        let Ok(entries) = std::fs::read_dir(root.join(dir).join(target)) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_file() {
+                let bytes = std::fs::read(&p).expect("read input");
+                out.push((p, bytes));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn fuzz_regressions_engine() {
+    let inputs = inputs("engine");
+    assert!(!inputs.is_empty(), "the engine seeds are committed");
+    for (path, bytes) in inputs {
+        eprintln!("{}", path.display());
+        engine(&bytes);
+    }
+}
+
+/// A fixed stream of pseudo-random inputs (splitmix64): the harness on
+/// inputs no fuzzer shaped, so that `cargo test` explores a little too.
+#[test]
+fn engine_on_pseudo_random_inputs() {
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    for _ in 0..300 {
+        let len = (next() % 2048) as usize;
+        let bytes: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+        engine(&bytes);
+    }
+}
+
+/// Found by the engine target (`fuzz/regressions/engine/
+/// record-stream-eager-during-capture.bin`): a `record_stream` made while a
+/// capture is underway, onto a stream outside the capture, was kept as a
+/// captured use and dropped when the capture ended, so the block was
+/// reused while that stream's eager work on it was still pending.
+#[test]
+fn record_stream_of_an_eager_stream_during_capture_waits_for_its_work() {
+    use cachalot_core::{AllocatorConfig, Backend, CachingAllocator, PoolFilter};
+    use cachalot_mock::MockConfig;
+
+    let m = MockConfig::new(1 << 30).auto_complete(false).build();
+    let a = CachingAllocator::with_config(m.clone(), AllocatorConfig::default()).unwrap();
+    let (s0, s2, s3) = (m.default_stream(), m.create_stream(), m.create_stream());
+    let x = a.allocate(31488, s3).unwrap();
+    m.use_memory(s3, x, 31488, 1).unwrap();
+    let pool = cachalot_core::graph_pool_handle();
+    a.begin_allocate_to_pool(pool, PoolFilter::CaptureOf(s2))
+        .unwrap();
+    m.begin_capture(s2).unwrap();
+    // s0 (not capturing) waits for s3, uses the block and records it
+    let e = m.create_event().unwrap();
+    m.record_event(&e, s3).unwrap();
+    m.stream_wait_event(s0, &e).unwrap();
+    m.destroy_event(e).unwrap();
+    a.record_stream(x, s0).unwrap();
+    m.use_memory(s0, x, 31488, 1).unwrap();
+    a.free(x).unwrap();
+    let g = m.end_capture(s2).unwrap();
+    a.end_allocate_to_pool(pool).unwrap();
+    // s0's work is still pending: the block must not come back on s3
+    let y = a.allocate(48076, s3).unwrap();
+    m.use_memory(s3, y, 48076, 2).unwrap();
+    assert!(m.races().is_empty(), "race: {}", m.races()[0]);
+    a.check_invariants().unwrap();
+    m.complete_all();
+    a.free(y).unwrap();
+    drop(g);
+    a.release_pool(pool).unwrap();
+    a.empty_cache().unwrap();
+    assert!(m.live_segments().is_empty());
+}
