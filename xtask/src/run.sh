@@ -128,8 +128,22 @@ if [ -n "$san" ]; then
     s_time[$name]=$(elapsed "$start")
     # one line per finding: "API <error> <call>", "REAL <text>", "SUMMARY <n>", "NOCUDA"
     findings=$(awk '
+      # With stripped binaries the sanitizer sometimes prints a host symbol
+      # where the error name and the call belong: the error is then named
+      # from its number, and the call is "unknown-call".
+      BEGIN {
+        names[1] = "CUDA_ERROR_INVALID_VALUE"; names[2] = "CUDA_ERROR_OUT_OF_MEMORY"
+        names[101] = "CUDA_ERROR_INVALID_DEVICE"; names[401] = "CUDA_ERROR_ILLEGAL_STATE"
+        names[900] = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
+        names[901] = "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"
+      }
       /^========= Program hit / {
-        err = $4; call = $NF; sub(/\.$/, "", call); print "API " err " " call; next }
+        err = $4; call = $NF; sub(/\.$/, "", call)
+        code = ""
+        if (match($0, /\(error [0-9]+\)/)) code = substr($0, RSTART + 7, RLENGTH - 8)
+        if (err !~ /^CUDA_ERROR_/) err = (code in names) ? names[code] : "error-" code
+        if (call !~ /^cu[A-Za-z0-9_]+$/) call = "unknown-call"
+        print "API " err " " call; next }
       /^========= ERROR SUMMARY:/ { print "SUMMARY " $4; next }
       # a binary that never calls CUDA gets this line and no summary
       /^========= Target application terminated before first instrumented API call/ { print "NOCUDA"; next }

