@@ -353,6 +353,7 @@ impl fmt::Debug for HipApi {
 mod tests {
     use super::*;
 
+    #[cfg_attr(miri, ignore = "dlopen: a foreign call Miri cannot run")]
     #[test]
     fn absent_library_is_a_typed_error() {
         let err = HipApi::load_from(&["libcachalot-no-such-hip.so.0"]).unwrap_err();
@@ -379,6 +380,7 @@ mod tests {
         assert!(unsafe { (api.hipGetErrorName)(hipSuccess) }.is_null());
     }
 
+    #[cfg_attr(miri, ignore = "dlopen: a foreign call Miri cannot run")]
     #[test]
     fn installed_library_loads_or_is_reported_absent() {
         match HipApi::load() {

@@ -8,6 +8,7 @@ use cachalot_core::{Backend, DeviceAllocError};
 use cachalot_level_zero::{LevelZeroBackend, OpenError};
 use cachalot_level_zero_sys::{LoadError, ZeApi};
 
+#[cfg_attr(miri, ignore = "dlopen: a foreign call Miri cannot run")]
 #[test]
 fn absent_loader_is_a_typed_error() {
     let e = LevelZeroBackend::open(&["libze_loader-cachalot-absent.so.9"], 0).unwrap_err();
@@ -22,6 +23,7 @@ fn absent_loader_is_a_typed_error() {
     ));
 }
 
+#[cfg_attr(miri, ignore = "dlopen: a foreign call Miri cannot run")]
 #[test]
 fn installed_loader_without_driver_is_a_typed_error() {
     match ZeApi::load() {
@@ -39,6 +41,7 @@ fn installed_loader_without_driver_is_a_typed_error() {
     }
 }
 
+#[cfg_attr(miri, ignore = "dlopen: a foreign call Miri cannot run")]
 #[test]
 fn smoke_test() {
     let b = match LevelZeroBackend::new(0) {
