@@ -288,12 +288,7 @@ fn run_thread(calls: &[Call], shared: &Mutex<Vec<Ptr>>) {
                     let (p, size) = own[*pick as usize % own.len()];
                     if size > 1 {
                         let off = 1 + *offset as usize % (size as usize - 1);
-                        cachalot_free(
-                            std::ptr::without_provenance_mut(p + off),
-                            0,
-                            0,
-                            null_mut(),
-                        );
+                        cachalot_free(std::ptr::without_provenance_mut(p + off), 0, 0, null_mut());
                         check_code(
                             "interior free",
                             cachalot_last_error_code(),
@@ -316,12 +311,7 @@ fn run_thread(calls: &[Call], shared: &Mutex<Vec<Ptr>>) {
             Call::FreeWrongDevice { pick, device } => {
                 if !own.is_empty() && *device != 0 {
                     let (p, _) = own[*pick as usize % own.len()];
-                    cachalot_free(
-                        std::ptr::without_provenance_mut(p),
-                        0,
-                        *device,
-                        null_mut(),
-                    );
+                    cachalot_free(std::ptr::without_provenance_mut(p), 0, *device, null_mut());
                     check_code(
                         "free on a bad device",
                         cachalot_last_error_code(),
