@@ -276,7 +276,7 @@ fn keep_crash(dir: &Path, bin_dir: &Path, target: &str, found: &Path) -> Res<Pat
 }
 
 /// `cargo xtask miri`: the Miri tests of [`MIRI_PACKAGES`], one package at
-/// a time, with Miri's leak check on (its default).
+/// a time, with Miri's leak check on (its default) and isolation off.
 pub fn miri(args: &[String]) -> Res<bool> {
     if let Some(a) = args.first() {
         return Err(format!(
@@ -287,8 +287,12 @@ pub fn miri(args: &[String]) -> Res<bool> {
     let mut rows = Vec::new();
     for p in MIRI_PACKAGES {
         println!("\nxtask: cargo +nightly miri test -p {p}");
+        // Isolation off: the tests read the committed fuzz inputs and the
+        // environment; everything else is Miri's default (leak check on).
+        let flags = std::env::var("MIRIFLAGS").unwrap_or_default();
         let status = nightly()
             .current_dir(root())
+            .env("MIRIFLAGS", format!("{flags} -Zmiri-disable-isolation"))
             .args(["miri", "test", "-p", p])
             .status()
             .map_err(|e| {

@@ -549,6 +549,7 @@ impl fmt::Debug for HipApi {
 mod tests {
     use super::*;
 
+    #[cfg_attr(miri, ignore = "dlopen: a foreign call Miri cannot run")]
     #[test]
     fn absent_library_is_a_typed_error() {
         let err = HipApi::load_from(&["libcachalot-no-such-hip.so.0"]).unwrap_err();
@@ -580,6 +581,7 @@ mod tests {
     /// acceptable failure is its absence (then the test skips, or fails
     /// under `CACHALOT_REQUIRE_GPU`). A library that opens but lacks a
     /// required symbol ([`LoadError::MissingSymbol`]) fails the test.
+    #[cfg_attr(miri, ignore = "dlopen: a foreign call Miri cannot run")]
     #[test]
     fn installed_library_loads_or_is_reported_absent() {
         match HipApi::load() {

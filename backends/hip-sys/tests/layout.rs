@@ -89,6 +89,7 @@ fn compile(name: &str, include: &str, src: &str, run: bool) -> Option<String> {
     Some(String::from_utf8(out.stdout).expect("utf-8"))
 }
 
+#[cfg_attr(miri, ignore = "runs a C compiler: process spawning Miri cannot run")]
 #[test]
 fn constants_and_sizes_match_header() {
     let Some(include) = header_dir() else {
@@ -266,6 +267,7 @@ fn constants_and_sizes_match_header() {
     assert_eq!(checked, ints.len() + sizes.len());
 }
 
+#[cfg_attr(miri, ignore = "runs a C compiler: process spawning Miri cannot run")]
 #[test]
 fn signatures_match_header() {
     let Some(include) = header_dir() else {

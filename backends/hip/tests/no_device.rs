@@ -37,6 +37,7 @@ fn open_or_skip(test: &str) -> Option<HipBackend> {
     }
 }
 
+#[cfg_attr(miri, ignore = "dlopen: a foreign call Miri cannot run")]
 #[test]
 fn absent_library_is_a_typed_error() {
     let e = HipBackend::open(&["libamdhip64-cachalot-absent.so.9"], 0).unwrap_err();
@@ -51,6 +52,7 @@ fn absent_library_is_a_typed_error() {
     ));
 }
 
+#[cfg_attr(miri, ignore = "dlopen: a foreign call Miri cannot run")]
 #[test]
 fn installed_library_without_device_is_a_typed_error() {
     match cachalot_hip_sys::HipApi::load() {
@@ -71,6 +73,7 @@ fn installed_library_without_device_is_a_typed_error() {
     }
 }
 
+#[cfg_attr(miri, ignore = "dlopen: a foreign call Miri cannot run")]
 #[test]
 fn smoke_test() {
     let Some(b) = open_or_skip("smoke_test") else {

@@ -575,6 +575,7 @@ impl fmt::Debug for ZeApi {
 mod tests {
     use super::*;
 
+    #[cfg_attr(miri, ignore = "dlopen: a foreign call Miri cannot run")]
     #[test]
     fn absent_library_is_a_typed_error() {
         let err = ZeApi::load_from(&["libze_loader-cachalot-absent.so.9"]).unwrap_err();

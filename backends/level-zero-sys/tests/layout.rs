@@ -88,6 +88,7 @@ macro_rules! layout {
     };
 }
 
+#[cfg_attr(miri, ignore = "runs a C compiler: process spawning Miri cannot run")]
 #[test]
 fn constants_sizes_and_offsets_match_header() {
     let Some(include) = header_dir() else {
@@ -277,6 +278,7 @@ fn constants_sizes_and_offsets_match_header() {
     }
 }
 
+#[cfg_attr(miri, ignore = "runs a C compiler: process spawning Miri cannot run")]
 #[test]
 fn signatures_match_header() {
     let Some(include) = header_dir() else {

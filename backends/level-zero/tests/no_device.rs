@@ -20,6 +20,7 @@ fn skip(reason: impl std::fmt::Display) {
     println!("skipped: {reason}");
 }
 
+#[cfg_attr(miri, ignore = "dlopen: a foreign call Miri cannot run")]
 #[test]
 fn absent_loader_is_a_typed_error() {
     let e = LevelZeroBackend::open(&["libze_loader-cachalot-absent.so.9"], 0).unwrap_err();
@@ -34,6 +35,7 @@ fn absent_loader_is_a_typed_error() {
     ));
 }
 
+#[cfg_attr(miri, ignore = "dlopen: a foreign call Miri cannot run")]
 #[test]
 fn installed_loader_without_driver_is_a_typed_error() {
     match ZeApi::load() {
@@ -54,6 +56,7 @@ fn installed_loader_without_driver_is_a_typed_error() {
     }
 }
 
+#[cfg_attr(miri, ignore = "dlopen: a foreign call Miri cannot run")]
 #[test]
 fn smoke_test() {
     let b = match LevelZeroBackend::new(0) {

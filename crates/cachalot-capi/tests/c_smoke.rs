@@ -42,6 +42,10 @@ fn cdylib_dir() -> Result<PathBuf, String> {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "runs a C compiler and the built program: process spawning Miri cannot run"
+)]
 fn c_smoke_test() {
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     if Command::new(&cc).arg("--version").output().is_err() {
