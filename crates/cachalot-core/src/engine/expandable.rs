@@ -130,7 +130,10 @@ impl<B: Backend> Inner<B> {
             return Ok(None);
         };
         debug_assert!(mapped >= size && mapped <= bsize);
-        self.pools.pool_mut(pool, small).unmapped.remove(&(stream, addr));
+        self.pools
+            .pool_mut(pool, small)
+            .unmapped
+            .remove(&(stream, addr));
         if mapped < bsize {
             let rid = self.blocks.split(id, mapped);
             self.blocks[rid].state = BState::Unmapped;
@@ -142,7 +145,8 @@ impl<B: Backend> Inner<B> {
         self.blocks[id].state = BState::Free;
         let id = self.merge_free_neighbours(id);
         self.insert_free(id);
-        self.stats.on_map(crate::stats::StatType::of_pool(small), mapped);
+        self.stats
+            .on_map(crate::stats::StatType::of_pool(small), mapped);
         self.trace(TraceAction::SegmentMap, addr, mapped, stream);
         Ok(Some(id))
     }
@@ -152,14 +156,18 @@ impl<B: Backend> Inner<B> {
     fn merge_free_neighbours(&mut self, mut id: BlockId) -> BlockId {
         let stream = self.blocks[id].stream;
         let prev = self.blocks[id].prev;
-        if prev != NIL && self.blocks[prev].state == BState::Free && self.blocks[prev].stream == stream
+        if prev != NIL
+            && self.blocks[prev].state == BState::Free
+            && self.blocks[prev].stream == stream
         {
             self.remove_free(prev);
             self.blocks.absorb_next(prev);
             id = prev;
         }
         let next = self.blocks[id].next;
-        if next != NIL && self.blocks[next].state == BState::Free && self.blocks[next].stream == stream
+        if next != NIL
+            && self.blocks[next].state == BState::Free
+            && self.blocks[next].stream == stream
         {
             self.remove_free(next);
             self.blocks.absorb_next(id);
@@ -233,7 +241,10 @@ impl<B: Backend> Inner<B> {
         if !self.unreserve_expandable(backend, addr) {
             return;
         }
-        self.pools.pool_mut(pool, small).unmapped.remove(&(stream, addr));
+        self.pools
+            .pool_mut(pool, small)
+            .unmapped
+            .remove(&(stream, addr));
         self.pools.remove_segment(pool);
         self.blocks.remove(id);
         tracing::debug!(addr, "expandable segment unreserved");

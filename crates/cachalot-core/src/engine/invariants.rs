@@ -93,12 +93,18 @@ impl<B: Backend> Inner<B> {
             for id in self.blocks.segment_blocks(seg.head) {
                 let b = &self.blocks[id];
                 if b.expandable || b.state == BState::Unmapped {
-                    return Err(format!("fixed segment {start:#x}: block {id} is expandable"));
+                    return Err(format!(
+                        "fixed segment {start:#x}: block {id} is expandable"
+                    ));
                 }
             }
             return Ok(());
         };
-        let Some(e) = self.segments.expandable.get(index as usize).and_then(Option::as_ref)
+        let Some(e) = self
+            .segments
+            .expandable
+            .get(index as usize)
+            .and_then(Option::as_ref)
         else {
             return Err(format!("segment {start:#x}: no expandable segment {index}"));
         };
@@ -109,7 +115,9 @@ impl<B: Backend> Inner<B> {
         for id in self.blocks.segment_blocks(seg.head) {
             let b = &self.blocks[id];
             if !b.expandable {
-                return Err(format!("expandable segment {start:#x}: block {id} not flagged"));
+                return Err(format!(
+                    "expandable segment {start:#x}: block {id} not flagged"
+                ));
             }
             let unmapped = b.state == BState::Unmapped;
             let first = (b.addr - start) / e.page;
@@ -151,9 +159,15 @@ impl<B: Backend> Inner<B> {
                 bad = Err(format!("dormant block {id} is not a whole free segment"));
             } else if b.state == BState::Unmapped {
                 unmapped_count += 1;
-                let filed = self.pools.pool(b.pool, b.small).unmapped.get(&(b.stream, b.addr));
+                let filed = self
+                    .pools
+                    .pool(b.pool, b.small)
+                    .unmapped
+                    .get(&(b.stream, b.addr));
                 if filed != Some(&id) {
-                    bad = Err(format!("unmapped block {id} missing from its pool's unmapped set"));
+                    bad = Err(format!(
+                        "unmapped block {id} missing from its pool's unmapped set"
+                    ));
                 } else if b.event_count != 0 || !b.stream_uses.is_empty() {
                     bad = Err(format!("unmapped block {id} has pending uses"));
                 }

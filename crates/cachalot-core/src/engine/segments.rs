@@ -494,7 +494,8 @@ impl<B: Backend> Inner<B> {
         });
         if let Err(err) = sync {
             tracing::warn!(%err, addr, "synchronizing before an unmap failed; the pages stay mapped");
-            self.release_failures.record((end - begin) as u64 * page, err);
+            self.release_failures
+                .record((end - begin) as u64 * page, err);
             return None;
         }
         let e = self.segments.expandable[index as usize]
@@ -556,7 +557,10 @@ impl<B: Backend> Inner<B> {
             for e in expandable.into_iter().flatten() {
                 for (i, p) in e.pages.into_iter().enumerate() {
                     if let Some(h) = p {
-                        keep(vm.unmap(e.start + i as u64 * e.page, e.page).map_err(Error::from));
+                        keep(
+                            vm.unmap(e.start + i as u64 * e.page, e.page)
+                                .map_err(Error::from),
+                        );
                         keep(vm.release_physical(h).map_err(Error::from));
                     }
                 }

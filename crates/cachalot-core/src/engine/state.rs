@@ -244,7 +244,9 @@ impl<B: Backend> Inner<B> {
     /// Whether a block of `b_size` bytes handed out for `size` is split.
     fn should_split(&self, small: bool, b_size: u64, size: u64) -> bool {
         let remaining = b_size - size;
-        if small {
+        // PyTorch 2.11: with expandable segments large blocks split as
+        // small ones do (`should_split`)
+        if small || self.config.expandable_segments {
             remaining >= MIN_BLOCK_SIZE
         } else {
             size < self.config.max_split_size && remaining > SMALL_SIZE
