@@ -299,7 +299,7 @@ impl World {
     /// capturing stream may not wait on uncaptured work.
     fn may_wait(&self, waiter: usize, other: usize) -> bool {
         waiter != other
-            && !(self.capturing(waiter) && !self.capturing(other))
+            && (!self.capturing(waiter) || self.capturing(other))
             // the legacy default stream cannot join a capture
             && !(waiter == 0 && self.capturing(other))
     }
