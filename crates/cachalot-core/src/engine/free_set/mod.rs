@@ -305,7 +305,7 @@ impl<S: Copy + Ord> FreeSet<S> {
     /// address) order (dormant segments aside).
     #[inline]
     pub fn next_after(&self, s: S, size: u64, addr: u64) -> Option<Found> {
-        let (k, id) = self.set(s)?.first_at_least(fkey(size, addr + 1))?;
+        let (k, id) = self.set(s)?.first_at_least_key(fkey(size, addr + 1))?;
         let (size, addr) = unkey(k);
         Some(Found { size, addr, id })
     }
