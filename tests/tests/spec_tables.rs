@@ -811,3 +811,22 @@ fn expandable_segments_need_virtual_memory() {
     assert!(!a.config().expandable_segments);
     a.set_config("expandable_segments:False").unwrap();
 }
+
+/// `get_free_block` with expandable segments (PyTorch 2.11): a free block
+/// just before the unmapped rest of its segment counts as the size it can
+/// grow to, so a larger block that cannot grow is the better fit.
+#[test]
+fn expandable_best_fit_counts_the_room_to_grow() {
+    let d = Dev::new("expandable_segments:True");
+    let x1 = d.alloc(4 * MIB); // page 0 mapped, 16 MiB free after x1
+    let x2 = d.alloc(8 * MIB);
+    let x3 = d.alloc(4 * MIB); // 4 MiB free left before the unmapped pages
+    assert_eq!((x2, x3), (x1 + 4 * MIB, x1 + 12 * MIB));
+    d.free(x2); // 8 MiB free between x1 and x3
+    let y = d.alloc(4 * MIB);
+    assert_eq!(y, x2, "the 8 MiB block, not the 4 MiB one that can grow");
+    assert_eq!(d.a.stats().reserved_bytes.all().current, 20 * MIB as i64);
+    for p in [x1, x3, y] {
+        d.free(p);
+    }
+}
