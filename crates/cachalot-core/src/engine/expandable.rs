@@ -185,7 +185,8 @@ impl<B: Backend> Inner<B> {
             debug_assert!(b.state == BState::Free && b.expandable);
             (b.addr, b.size, b.stream, b.pool, b.small)
         };
-        let Some((ustart, usize_)) = self.unmap_pages(backend, addr, size) else {
+        let whole_device = pool != crate::engine::pools::DEFAULT_POOL;
+        let Some((ustart, usize_)) = self.unmap_pages(backend, addr, size, whole_device) else {
             return;
         };
         self.remove_free(id);
