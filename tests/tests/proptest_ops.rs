@@ -97,6 +97,15 @@ fn op() -> impl Strategy<Value = Op> {
 struct Injection {
     pending: Option<Failure>,
     seen: u64,
+    /// The call failures are injected into: `Malloc`, or `CreatePhysical`
+    /// with expandable segments.
+    call: Option<MockCall>,
+}
+
+impl Injection {
+    fn call(&self) -> MockCall {
+        self.call.unwrap_or(MockCall::Malloc)
+    }
 }
 
 impl Injection {
@@ -118,7 +127,7 @@ impl Injection {
         };
         self.seen = now;
         prop_assert_eq!(
-            m.pending_failures(MockCall::Malloc),
+            m.pending_failures(self.call()),
             usize::from(self.pending.is_some()),
             "pending injected failures"
         );
@@ -137,14 +146,27 @@ fn check_alloc(
     fired: Option<Failure>,
 ) -> Result<(), TestCaseError> {
     let config = a.config();
-    let seg = allocation_size(round_size(size, &config), &config);
+    let rounded = round_size(size, &config);
+    let seg = allocation_size(rounded, &config);
+    // expandable segments map whole pages (2 MiB small, the large segment
+    // size large) and may need fewer when a free block precedes them
+    let need = if config.expandable_segments {
+        let page = if rounded <= MIB {
+            2 * MIB
+        } else {
+            config.large_segment_size
+        };
+        rounded.div_ceil(page) * page
+    } else {
+        seg
+    };
     let total = m.capacity();
     let cap = if fraction < 1.0 {
         (fraction * total as f64) as u64
     } else {
         total
     };
-    let live = m.live_bytes();
+    let live = m.live_bytes() + m.live_physical_bytes();
     if let Some(Failure::Backend(code)) = fired {
         return match r {
             Err(Error::Backend(e)) if e.code == code => Ok(()),
@@ -168,7 +190,7 @@ fn check_alloc(
                 e
             );
             prop_assert!(
-                fired == Some(Failure::OutOfMemory) || live + seg > cap,
+                fired == Some(Failure::OutOfMemory) || live + seg.max(need) > cap,
                 "OOM for {} B (segment {} B) with {} B live of cap {}: the segment fits \
                  after the flush and no failure was injected: {}",
                 size,
@@ -196,13 +218,29 @@ struct Live {
 }
 
 fn run(ops: Vec<Op>, completion: Completion) -> Result<(), TestCaseError> {
+    run_with(ops, completion, false)
+}
+
+/// [`run`], with `expandable_segments:True` added to every configuration
+/// when `expandable` (failures are then injected into `create_physical`).
+fn run_with(ops: Vec<Op>, completion: Completion, expandable: bool) -> Result<(), TestCaseError> {
     let m: MockBackend = MockConfig::new(GIB).completion(completion).build();
-    let a = CachingAllocator::with_config(m.clone(), AllocatorConfig::default()).unwrap();
+    let extra = if expandable {
+        ",expandable_segments:True"
+    } else {
+        ""
+    };
+    // `extra` without its comma
+    let conf = AllocatorConfig::parse(&extra[extra.len().min(1)..]).unwrap();
+    let a = CachingAllocator::with_config(m.clone(), conf).unwrap();
     let streams = [m.default_stream(), m.create_stream(), m.create_stream()];
     let mut live: Vec<Live> = Vec::new();
     let mut freed: Vec<u64> = Vec::new();
     let mut next_tag = 1u64;
-    let mut inj = Injection::default();
+    let mut inj = Injection {
+        call: expandable.then_some(MockCall::CreatePhysical),
+        ..Injection::default()
+    };
     let mut fraction = 1.0f64;
     for op in ops {
         match op {
@@ -301,7 +339,12 @@ fn run(ops: Vec<Op>, completion: Completion) -> Result<(), TestCaseError> {
             Op::CompleteAll => m.complete_all(),
             Op::EmptyCache => a.empty_cache().unwrap(),
             Op::SetConfig { idx } => {
-                a.set_config(CONFIGS[idx]).unwrap();
+                let c = match (CONFIGS[idx], &extra[extra.len().min(1)..]) {
+                    (c, "") => c.to_string(),
+                    ("", x) => x.to_string(),
+                    (c, x) => format!("{c},{x}"),
+                };
+                a.set_config(&c).unwrap();
                 // a new configuration brings its own fraction (1 by default)
                 fraction = a.config().per_process_memory_fraction;
             }
@@ -315,7 +358,7 @@ fn run(ops: Vec<Op>, completion: Completion) -> Result<(), TestCaseError> {
                 } else {
                     Failure::OutOfMemory
                 };
-                m.fail_call_at_with(MockCall::Malloc, 1, f);
+                m.fail_call_at_with(inj.call(), 1, f);
                 inj.pending = Some(f);
             }
         }
@@ -352,6 +395,7 @@ fn run(ops: Vec<Op>, completion: Completion) -> Result<(), TestCaseError> {
     prop_assert_eq!(m.race_count(), 0);
     drop(a);
     prop_assert_eq!(m.live_events(), 0);
+    prop_assert!(m.vmm_usage().is_empty(), "leaked virtual memory");
     Ok(())
 }
 
@@ -369,6 +413,22 @@ proptest! {
         ops in proptest::collection::vec(op(), 1..200),
     ) {
         run(ops, Completion::Random { seed, max_delay_ops })?;
+    }
+
+    #[test]
+    fn random_operations_keep_every_invariant_with_expandable_segments(
+        ops in proptest::collection::vec(op(), 1..200),
+    ) {
+        run_with(ops, Completion::Manual, true)?;
+    }
+
+    #[test]
+    fn random_operations_keep_every_invariant_with_expandable_segments_late_completion(
+        seed in any::<u64>(),
+        max_delay_ops in 0u32..24,
+        ops in proptest::collection::vec(op(), 1..200),
+    ) {
+        run_with(ops, Completion::Random { seed, max_delay_ops }, true)?;
     }
 }
 

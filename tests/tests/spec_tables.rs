@@ -697,3 +697,136 @@ fn oversize_fit_boundaries() {
         d.free(x);
     }
 }
+
+/// pytorch-allocator.md §5.1's worked example (`expandable_segments:True`):
+/// 512 B → +2 MiB; 3 MiB → +20 MiB; 25 MiB placed right after the 3 MiB
+/// block → +20 MiB only; both freed + `empty_cache` → −40 MiB in one unmap
+/// call after one stream sync; the small segment stays while its block
+/// lives; `segment` never moves; the data stays where it was written.
+#[test]
+fn expandable_segments_worked_example() {
+    use cachalot_mock::MockCall;
+    let d = Dev::new("expandable_segments:True");
+    let s = || d.a.stats();
+    let reserved = || s().reserved_bytes.all().current;
+    let small = d.alloc(512);
+    assert_eq!(reserved(), 2 * MIB as i64);
+    assert_eq!(s().num_device_alloc, 1);
+    d.m.use_memory(d.s0(), small, 512, 7).unwrap();
+    let a = d.alloc(3 * MIB);
+    assert_eq!(reserved(), 22 * MIB as i64);
+    d.m.use_memory(d.s0(), a, 3 * MIB, 1).unwrap();
+    let b = d.alloc(25 * MIB);
+    assert_eq!(b, a + 3 * MIB, "placed directly after the 3 MiB block");
+    assert_eq!(reserved(), 42 * MIB as i64);
+    assert_eq!(s().num_device_alloc, 3, "one per map call");
+    assert_eq!(s().segment.all().current, 0);
+    assert_eq!(s().inactive_split.all().current, 0);
+    d.m.use_memory(d.s0(), b, 25 * MIB, 2).unwrap();
+    assert_eq!(d.m.tag_at(a), Some(1));
+    assert_eq!(d.m.tag_at(a + 3 * MIB - 1), Some(1));
+    assert_eq!(d.m.tag_at(b + 25 * MIB - 1), Some(2));
+    assert_eq!(d.m.tag_at(small), Some(7));
+    let snap = d.a.snapshot();
+    assert!(snap.segments.iter().all(|g| g.is_expandable));
+    let mut sizes: Vec<u64> = snap.segments.iter().map(|g| g.total_size).collect();
+    sizes.sort_unstable();
+    assert_eq!(sizes, [2 * MIB, 40 * MIB], "mapped ranges as segments");
+    d.free(a);
+    d.free(b);
+    let before = s();
+    let syncs = d.m.call_count(MockCall::SynchronizeEvent);
+    let unmaps = d.m.call_count(MockCall::Unmap);
+    d.a.empty_cache().unwrap();
+    d.check();
+    let after = s();
+    assert_eq!(
+        before.reserved_bytes.all().current - after.reserved_bytes.all().current,
+        40 * MIB as i64
+    );
+    assert_eq!(after.num_device_free, before.num_device_free + 1);
+    assert_eq!(d.m.call_count(MockCall::SynchronizeEvent), syncs + 1);
+    assert_eq!(d.m.call_count(MockCall::Unmap), unmaps + 2, "two pages");
+    assert_eq!(reserved(), 2 * MIB as i64, "the small segment stays");
+    assert_eq!(d.m.tag_at(small), Some(7));
+    d.free(small);
+    d.a.empty_cache().unwrap();
+    d.check();
+    assert_eq!(reserved(), 0);
+    assert_eq!(s().segment.all().current, 0);
+    assert_eq!(s().num_device_free, 2);
+    let m = d.m.clone();
+    drop(d);
+    m.assert_no_vmm_leaks();
+}
+
+/// Pages freed in the middle of an expandable segment are unmapped inward
+/// (whole pages only), the allocator can map them again, and dropping the
+/// allocator with pages still mapped leaks nothing.
+#[test]
+fn expandable_segments_unmap_inward_and_drop() {
+    let d = Dev::new("expandable_segments:True");
+    let s = || d.a.stats();
+    let reserved = || s().reserved_bytes.all().current;
+    let a = d.alloc(30 * MIB); // pages 0-1, 10 MiB free after it
+    let b = d.alloc(10 * MIB); // fills page 1
+    let c = d.alloc(50 * MIB); // pages 2-4
+    assert_eq!((b, c), (a + 30 * MIB, a + 40 * MIB));
+    assert_eq!(reserved(), 100 * MIB as i64);
+    d.free(b);
+    d.a.empty_cache().unwrap();
+    d.check();
+    assert_eq!(reserved(), 100 * MIB as i64, "no whole free page");
+    d.free(a);
+    d.a.empty_cache().unwrap();
+    d.check();
+    assert_eq!(reserved(), 60 * MIB as i64, "pages 0-1 unmapped");
+    let a2 = d.alloc(40 * MIB);
+    assert_eq!(a2, a, "the unmapped pages are mapped again");
+    assert_eq!(reserved(), 100 * MIB as i64);
+    d.m.use_memory(d.s0(), a2, 40 * MIB, 3).unwrap();
+    assert_eq!(d.m.tag_at(a2 + 40 * MIB - 1), Some(3));
+    let m = d.m.clone();
+    drop(d);
+    m.assert_no_vmm_leaks();
+}
+
+/// `expandable_segments:True` needs a backend with virtual memory: a typed
+/// "not supported" error otherwise, at construction and at run time.
+#[test]
+fn expandable_segments_need_virtual_memory() {
+    use cachalot_core::{AllocatorConfig, CachingAllocator, ConfigErrorKind};
+    let m = cachalot_mock::MockConfig::new(GIB)
+        .virtual_memory(false)
+        .build();
+    let conf = AllocatorConfig::parse("expandable_segments:True").unwrap();
+    let e = CachingAllocator::with_config(m.clone(), conf).unwrap_err();
+    assert!(
+        matches!(&e, Error::Config(c) if matches!(c.kind, ConfigErrorKind::Unsupported { .. })),
+        "{e}"
+    );
+    let a = CachingAllocator::with_config(m, AllocatorConfig::default()).unwrap();
+    let e = a.set_config("expandable_segments:True").unwrap_err();
+    assert!(matches!(&e, Error::Config(_)), "{e}");
+    assert!(!a.config().expandable_segments);
+    a.set_config("expandable_segments:False").unwrap();
+}
+
+/// `get_free_block` with expandable segments (PyTorch 2.11): a free block
+/// just before the unmapped rest of its segment counts as the size it can
+/// grow to, so a larger block that cannot grow is the better fit.
+#[test]
+fn expandable_best_fit_counts_the_room_to_grow() {
+    let d = Dev::new("expandable_segments:True");
+    let x1 = d.alloc(4 * MIB); // page 0 mapped, 16 MiB free after x1
+    let x2 = d.alloc(8 * MIB);
+    let x3 = d.alloc(4 * MIB); // 4 MiB free left before the unmapped pages
+    assert_eq!((x2, x3), (x1 + 4 * MIB, x1 + 12 * MIB));
+    d.free(x2); // 8 MiB free between x1 and x3
+    let y = d.alloc(4 * MIB);
+    assert_eq!(y, x2, "the 8 MiB block, not the 4 MiB one that can grow");
+    assert_eq!(d.a.stats().reserved_bytes.all().current, 20 * MIB as i64);
+    for p in [x1, x3, y] {
+        d.free(p);
+    }
+}

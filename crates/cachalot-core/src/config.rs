@@ -522,6 +522,16 @@ fn not_yet(key: &str, v: &str, why: &str) -> Result<bool, ConfigError> {
     Ok(false)
 }
 
+/// The typed "not supported" error of `expandable_segments:True` on a
+/// backend without virtual-memory management.
+pub(crate) fn expandable_unsupported() -> ConfigError {
+    unsupported(
+        "expandable_segments",
+        "True",
+        "the backend has no virtual-memory management",
+    )
+}
+
 /// The typed "not supported" error of `key:v`.
 fn unsupported(key: &str, v: &str, why: &str) -> ConfigError {
     ConfigError::new(
@@ -739,13 +749,7 @@ impl AllocatorConfig {
             "roundup_power2_divisions" => {
                 self.roundup_power2_divisions = [divisions(key, v)?; ROUNDUP_INTERVALS];
             }
-            "expandable_segments" => {
-                self.expandable_segments = not_yet(
-                    key,
-                    v,
-                    "expandable segments are not implemented in cachalot yet",
-                )?
-            }
+            "expandable_segments" => self.expandable_segments = parse_bool(key, v)?,
             "release_lock_on_cudamalloc"
             | "release_lock_on_hipmalloc"
             | "release_lock_on_device_malloc" => {
@@ -1076,9 +1080,9 @@ mod tests {
             ("per_process_memory_fraction", "0.5"),
             ("idle_stream_reuse", "True"),
             ("placement", "pytorch"),
+            ("expandable_segments", "True"),
         ];
         let refused: &[&str] = &[
-            "expandable_segments",
             "release_lock_on_cudamalloc",
             "release_lock_on_hipmalloc",
             "release_lock_on_device_malloc",

@@ -176,7 +176,7 @@ pub fn snapshot_value(snapshots: &[Snapshot]) -> Value {
                     "segment_pool_id",
                     Value::Tuple(vec![Value::from(seg.pool_id.0), Value::from(seg.pool_id.1)]),
                 ),
-                ("is_expandable", Value::Bool(false)),
+                ("is_expandable", Value::Bool(seg.is_expandable)),
                 ("frames", Value::List(Vec::new())),
                 ("blocks", Value::List(blocks)),
             ]);

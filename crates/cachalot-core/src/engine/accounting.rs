@@ -104,4 +104,19 @@ impl DeviceStats {
             self.inactive_split_bytes.update(st, merged as i64);
         }
     }
+
+    /// Pages of an expandable segment mapped (one map call): `segment` is
+    /// unchanged.
+    #[inline]
+    pub(crate) fn on_map(&mut self, st: StatType, bytes: u64) {
+        self.reserved_bytes.update(st, bytes as i64);
+        self.num_device_alloc += 1;
+    }
+
+    /// Pages of an expandable segment unmapped (one unmap call).
+    #[inline]
+    pub(crate) fn on_unmap(&mut self, st: StatType, bytes: u64) {
+        self.reserved_bytes.update(st, -(bytes as i64));
+        self.num_device_free += 1;
+    }
 }

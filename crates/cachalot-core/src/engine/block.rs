@@ -57,6 +57,10 @@ pub(crate) enum BState {
     Allocated,
     /// Freed by the caller, waiting for events or for a capture to allow it.
     Pending,
+    /// Address space of an expandable segment with no memory mapped
+    /// (`expandable_segments:True`): kept in its pool's unmapped set, never
+    /// in a free set.
+    Unmapped,
     /// Slab slot not in use.
     Dead,
 }
@@ -83,6 +87,8 @@ pub(crate) struct Block<S> {
     pub seq: u64,
     /// A whole free segment filed in its stream's dormant list.
     pub dormant: bool,
+    /// A block of an expandable segment.
+    pub expandable: bool,
     /// Streams recorded with `record_stream` (outside capture or before it).
     pub stream_uses: Uses<S>,
     /// Streams recorded while a capture was underway.
@@ -116,6 +122,7 @@ impl<S> Block<S> {
             oversize: false,
             seq: 0,
             dormant: false,
+            expandable: false,
             stream_uses: Uses::default(),
             capture_uses: Uses::default(),
         }
@@ -215,6 +222,7 @@ impl<S: Copy> Slab<S> {
         let b = &self[id];
         let rem = Block {
             seq: b.seq,
+            expandable: b.expandable,
             ..Block::free(
                 b.addr + size,
                 b.size - size,

@@ -17,6 +17,10 @@ pub enum TraceAction {
     SegmentAlloc,
     /// A device segment was released.
     SegmentFree,
+    /// Pages of an expandable segment were mapped.
+    SegmentMap,
+    /// Pages of an expandable segment were unmapped.
+    SegmentUnmap,
     /// An allocation failed with out-of-memory (addr = device free bytes).
     Oom,
     /// A snapshot was taken.
@@ -32,6 +36,8 @@ impl TraceAction {
             TraceAction::FreeCompleted => "free_completed",
             TraceAction::SegmentAlloc => "segment_alloc",
             TraceAction::SegmentFree => "segment_free",
+            TraceAction::SegmentMap => "segment_map",
+            TraceAction::SegmentUnmap => "segment_unmap",
             TraceAction::Oom => "oom",
             TraceAction::Snapshot => "snapshot",
         }

@@ -18,6 +18,7 @@ use std::collections::{HashMap, HashSet};
 use crate::backend::Backend;
 use crate::engine::block::{BState, Block, BlockId, NIL};
 use crate::engine::pools::PoolIdx;
+use crate::engine::segments::{Segment, SegmentKind};
 use crate::engine::state::Inner;
 use crate::stats::{DeviceStats, StatType};
 
@@ -78,6 +79,66 @@ impl<B: Backend> Inner<B> {
                     seg.size
                 ));
             }
+            self.check_expandable(start, seg)?;
+        }
+        Ok(())
+    }
+
+    /// An expandable segment: its blocks are flagged expandable, unmapped
+    /// blocks cover exactly the unmapped pages (page-aligned, never two in a
+    /// row) and carry the segment's stream; a fixed segment has no
+    /// expandable or unmapped block.
+    fn check_expandable(&self, start: u64, seg: &Segment) -> Result<(), String> {
+        let SegmentKind::Expandable { index } = seg.kind else {
+            for id in self.blocks.segment_blocks(seg.head) {
+                let b = &self.blocks[id];
+                if b.expandable || b.state == BState::Unmapped {
+                    return Err(format!(
+                        "fixed segment {start:#x}: block {id} is expandable"
+                    ));
+                }
+            }
+            return Ok(());
+        };
+        let Some(e) = self
+            .segments
+            .expandable
+            .get(index as usize)
+            .and_then(Option::as_ref)
+        else {
+            return Err(format!("segment {start:#x}: no expandable segment {index}"));
+        };
+        if e.start != start || e.size != seg.size || e.pages.len() as u64 * e.page != e.size {
+            return Err(format!("segment {start:#x}: expandable record disagrees"));
+        }
+        let mut prev_unmapped = false;
+        for id in self.blocks.segment_blocks(seg.head) {
+            let b = &self.blocks[id];
+            if !b.expandable {
+                return Err(format!(
+                    "expandable segment {start:#x}: block {id} not flagged"
+                ));
+            }
+            let unmapped = b.state == BState::Unmapped;
+            let first = (b.addr - start) / e.page;
+            let last = (b.addr + b.size - 1 - start) / e.page;
+            if unmapped {
+                if prev_unmapped {
+                    return Err(format!("unmapped block {id} follows an unmapped block"));
+                }
+                if !(b.addr - start).is_multiple_of(e.page) || !b.size.is_multiple_of(e.page) {
+                    return Err(format!("unmapped block {id} is not page-aligned"));
+                }
+                if b.stream != e.stream {
+                    return Err(format!("unmapped block {id} not of its segment's stream"));
+                }
+                if (first..=last).any(|i| e.pages[i as usize].is_some()) {
+                    return Err(format!("unmapped block {id} has mapped pages"));
+                }
+            } else if (first..=last).any(|i| e.pages[i as usize].is_none()) {
+                return Err(format!("block {id} lies on unmapped pages"));
+            }
+            prev_unmapped = unmapped;
         }
         Ok(())
     }
@@ -87,6 +148,7 @@ impl<B: Backend> Inner<B> {
     /// and file exactly the dormant blocks in age-ordered dormant lists.
     pub(crate) fn check_free_sets(&self) -> Result<(), String> {
         let mut free_count = 0usize;
+        let mut unmapped_count = 0usize;
         let mut out: HashMap<(PoolIdx, bool, B::Stream), u32> = HashMap::new();
         let mut bad = Ok(());
         self.for_each_block(|id, b| {
@@ -95,6 +157,20 @@ impl<B: Backend> Inner<B> {
             }
             if b.dormant && (b.state != BState::Free || b.is_split()) {
                 bad = Err(format!("dormant block {id} is not a whole free segment"));
+            } else if b.state == BState::Unmapped {
+                unmapped_count += 1;
+                let filed = self
+                    .pools
+                    .pool(b.pool, b.small)
+                    .unmapped
+                    .get(&(b.stream, b.addr));
+                if filed != Some(&id) {
+                    bad = Err(format!(
+                        "unmapped block {id} missing from its pool's unmapped set"
+                    ));
+                } else if b.event_count != 0 || !b.stream_uses.is_empty() {
+                    bad = Err(format!("unmapped block {id} has pending uses"));
+                }
             } else if b.state != BState::Free {
                 *out.entry((b.pool, b.small, b.stream)).or_default() += 1;
             } else {
@@ -116,9 +192,11 @@ impl<B: Backend> Inner<B> {
         });
         bad?;
         let mut pooled = 0usize;
+        let mut unmapped_filed = 0usize;
         for (i, pair) in self.pools.iter() {
             for (small, bp) in pair.both() {
                 pooled += bp.free.len();
+                unmapped_filed += bp.unmapped.len();
                 for s in bp.free.streams() {
                     let want = out.get(&(i, small, s)).copied().unwrap_or(0);
                     if bp.free.out(s) != want {
@@ -133,6 +211,11 @@ impl<B: Backend> Inner<B> {
                     (b.dormant, b.seq)
                 })?;
             }
+        }
+        if unmapped_filed != unmapped_count {
+            return Err(format!(
+                "{unmapped_filed} blocks in unmapped sets but {unmapped_count} unmapped blocks"
+            ));
         }
         if pooled != free_count {
             return Err(format!(
@@ -226,6 +309,14 @@ impl<B: Backend> Inner<B> {
         let mut expect = DeviceStats::default();
         for (_, seg) in self.segments.iter() {
             let st = self.blocks[seg.head].stat_type();
+            if let SegmentKind::Expandable { index } = seg.kind {
+                // only mapped pages are reserved; `segment` never counts them
+                let mapped = self.segments.expandable[index as usize]
+                    .as_ref()
+                    .map_or(0, |e| e.mapped_bytes());
+                expect.reserved_bytes.update(st, mapped as i64);
+                continue;
+            }
             expect.segment.update(st, 1);
             expect.reserved_bytes.update(st, seg.size as i64);
             if seg.oversize {
@@ -235,7 +326,7 @@ impl<B: Backend> Inner<B> {
         self.for_each_block(|_, b| {
             let st = b.stat_type();
             match b.state {
-                BState::Free if b.is_split() => {
+                BState::Free if b.is_split() && !b.expandable => {
                     expect.inactive_split.update(st, 1);
                     expect.inactive_split_bytes.update(st, b.size as i64);
                 }

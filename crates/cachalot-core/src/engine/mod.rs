@@ -16,6 +16,7 @@ mod addr_table;
 mod block;
 mod capture;
 mod events;
+mod expandable;
 mod free_set;
 pub mod history;
 mod invariants;
@@ -120,6 +121,9 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// An allocator over `backend` with an explicit configuration.
     pub fn with_config(backend: B, config: AllocatorConfig) -> Result<Self, Error> {
+        if config.expandable_segments && backend.virtual_memory().is_none() {
+            return Err(crate::config::expandable_unsupported().into());
+        }
         let total = backend.memory_info()?.total;
         Ok(Self {
             inner: Mutex::new(Inner::new(config, total)),
@@ -227,7 +231,8 @@ impl<B: Backend> CachingAllocator<B> {
     /// Re-parses a config string at run time (PyTorch's
     /// `_accelerator_setAllocatorSettings`). On error nothing changes.
     pub fn set_config(&self, config: &str) -> Result<(), Error> {
-        self.lock().set_config(config)
+        let has_vmm = self.backend.virtual_memory().is_some();
+        self.lock().set_config(config, has_vmm)
     }
 
     /// Caps this allocator at `fraction` of the device's total memory.

@@ -187,9 +187,52 @@ impl<B: Backend> Inner<B> {
         if gc_on {
             pool.gc_calls += 1;
         }
+        if self.config.expandable_segments {
+            return self.get_free_block_expandable(p, fit);
+        }
         let found = with_policy!(placement, x => x.take(&mut pool.free, p.stream, p.size, fit))?;
         self.blocks[found.id].dormant = false;
         Some(found.id)
+    }
+
+    /// `get_free_block` with `expandable_segments:True`, as PyTorch 2.11:
+    /// when the best fit is a block of an expandable segment, its size for
+    /// the best fit is what it can grow to (its size plus the unmapped
+    /// block after it), so later, larger blocks that can grow less are
+    /// preferred; then the oversize rules apply to the block chosen.
+    fn get_free_block_expandable(
+        &mut self,
+        p: &Params<B::Stream>,
+        fit: FitRule,
+    ) -> Option<BlockId> {
+        let pool = self.pools.try_pool_mut(p.pool, p.small)?;
+        let blocks = &self.blocks;
+        let mut it = pool.free.first_at_least(p.stream, p.size)?;
+        let grows = |id: BlockId| {
+            let b = &blocks[id];
+            b.size
+                + if b.next != crate::engine::block::NIL && blocks[b.next].state == BState::Unmapped
+                {
+                    blocks[b.next].size
+                } else {
+                    0
+                }
+        };
+        while blocks[it.id].expandable {
+            match pool.free.next_after(p.stream, it.size, it.addr) {
+                Some(n) if grows(n.id) < grows(it.id) => it = n,
+                _ => break,
+            }
+        }
+        if !fit.accepts(p.size, it.size) {
+            return None;
+        }
+        let whole = blocks[it.id].dormant_key();
+        let removed = pool.free.remove(p.stream, it.size, it.addr, whole);
+        debug_assert_eq!(removed, Some(it.id));
+        pool.free.note_out(p.stream);
+        self.blocks[it.id].dormant = false;
+        Some(it.id)
     }
 
     /// Puts a free block in its pool's free set (keyed by its stream).

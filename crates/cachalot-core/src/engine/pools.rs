@@ -3,8 +3,9 @@
 //! deletion.
 #![forbid(unsafe_code)]
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
+use crate::engine::block::BlockId;
 use crate::engine::free_set::FreeSet;
 use crate::error::CaptureError;
 
@@ -20,6 +21,9 @@ pub(crate) struct BlockPool<S> {
     pub free: FreeSet<S>,
     /// Free-block searches so far (the GC's clock).
     pub gc_calls: u64,
+    /// The unmapped blocks of the pool's expandable segments, by (stream,
+    /// address) (PyTorch's `BlockPool::unmapped`).
+    pub unmapped: BTreeMap<(S, u64), BlockId>,
 }
 
 impl<S> Default for BlockPool<S> {
@@ -27,6 +31,7 @@ impl<S> Default for BlockPool<S> {
         Self {
             free: FreeSet::default(),
             gc_calls: 0,
+            unmapped: BTreeMap::new(),
         }
     }
 }

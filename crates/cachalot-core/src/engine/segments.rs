@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::backend::{Backend, DevicePointer};
+use crate::backend::{Backend, DevicePointer, VirtualMemory};
 use crate::engine::block::{BState, Block, BlockId, NIL};
 use crate::engine::history::TraceAction;
 use crate::engine::pools::PoolIdx;
@@ -18,9 +18,34 @@ use crate::stats::StatType;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum SegmentKind {
     /// One device allocation of the segment's whole size
-    /// ([`Backend::malloc`]). (Expandable segments, a virtual range whose
-    /// pages are mapped on demand, will be a second kind.)
+    /// ([`Backend::malloc`]).
     Fixed,
+    /// A reserved virtual range whose pages are mapped on demand
+    /// (`expandable_segments:True`): index into [`Segments`]' expandable
+    /// list.
+    Expandable { index: u32 },
+}
+
+/// The physical-memory handle type of a backend.
+pub(crate) type Phys<B> = <<B as Backend>::VirtualMemory as VirtualMemory>::Physical;
+
+/// An expandable segment (PyTorch's `ExpandableSegment`): a reservation
+/// cut into pages, each mapped to its own physical allocation or not.
+pub(crate) struct Expandable<P, S> {
+    pub start: u64,
+    pub size: u64,
+    pub page: u64,
+    /// One entry per page: the physical memory mapped there.
+    pub pages: Vec<Option<P>>,
+    /// The stream it was created for (synchronized before unmapping).
+    pub stream: S,
+}
+
+impl<P, S> Expandable<P, S> {
+    /// Bytes mapped.
+    pub fn mapped_bytes(&self) -> u64 {
+        self.pages.iter().filter(|p| p.is_some()).count() as u64 * self.page
+    }
 }
 
 /// A device segment.
@@ -36,14 +61,94 @@ pub(crate) struct Segment {
 }
 
 /// Every segment, by start address, and the age counter.
-#[derive(Default)]
-pub(crate) struct Segments {
+pub(crate) struct Segments<P, S> {
     map: BTreeMap<u64, Segment>,
     /// Segments created so far (each segment's `seq`).
     created: u64,
+    /// The expandable segments (`None`: a released slot).
+    pub expandable: Vec<Option<Expandable<P, S>>>,
 }
 
-impl Segments {
+impl<P, S> Default for Segments<P, S> {
+    fn default() -> Self {
+        Self {
+            map: BTreeMap::new(),
+            created: 0,
+            expandable: Vec::new(),
+        }
+    }
+}
+
+impl<P, S> Segments<P, S> {
+    /// The segment whose range contains `addr`, as (start, segment).
+    pub fn find(&self, addr: u64) -> Option<(u64, &Segment)> {
+        self.map
+            .range(..=addr)
+            .next_back()
+            .filter(|(start, seg)| addr < *start + seg.size)
+            .map(|(&a, s)| (a, s))
+    }
+
+    /// The expandable segment containing `addr` (which must be in one).
+    pub fn expandable_at(&self, addr: u64) -> (u32, &Expandable<P, S>) {
+        match self.find(addr) {
+            Some((_, s)) => match s.kind {
+                SegmentKind::Expandable { index } => (
+                    index,
+                    self.expandable[index as usize]
+                        .as_ref()
+                        .expect("a live expandable segment"),
+                ),
+                SegmentKind::Fixed => panic!("{addr:#x} is in a fixed segment"),
+            },
+            None => panic!("{addr:#x} is in no segment"),
+        }
+    }
+
+    /// Registers a new expandable segment whose head block is `head`.
+    pub fn add_expandable(&mut self, e: Expandable<P, S>, head: BlockId) -> u64 {
+        let (start, size) = (e.start, e.size);
+        let index = match self.expandable.iter().position(Option::is_none) {
+            Some(i) => {
+                self.expandable[i] = Some(e);
+                i
+            }
+            None => {
+                self.expandable.push(Some(e));
+                self.expandable.len() - 1
+            }
+        };
+        let seq = self.next_seq();
+        self.map.insert(
+            start,
+            Segment {
+                size,
+                head,
+                oversize: false,
+                kind: SegmentKind::Expandable {
+                    index: index as u32,
+                },
+            },
+        );
+        seq
+    }
+
+    /// Sets the head block of the segment at `start`.
+    pub fn set_head(&mut self, start: u64, head: BlockId) {
+        self.map.get_mut(&start).expect("a registered segment").head = head;
+    }
+
+    /// Unregisters the expandable segment at `start`; returns it.
+    pub fn remove_expandable(&mut self, start: u64) -> Expandable<P, S> {
+        let seg = self.map.remove(&start).expect("a registered segment");
+        let SegmentKind::Expandable { index } = seg.kind else {
+            panic!("not an expandable segment");
+        };
+        self.expandable[index as usize]
+            .take()
+            .expect("a live expandable segment")
+    }
+
     /// Every segment as (start, segment), in address order.
     pub fn iter(&self) -> impl Iterator<Item = (u64, &Segment)> + '_ {
         self.map.iter().map(|(&a, s)| (a, s))
@@ -74,10 +179,11 @@ impl Segments {
     }
 }
 
-/// Returns a segment's memory to the device.
+/// Returns a fixed segment's memory to the device.
 fn free_segment<B: Backend>(backend: &B, addr: u64, seg: &Segment) -> Result<(), BackendError> {
     match seg.kind {
         SegmentKind::Fixed => backend.free(B::Ptr::from_addr(addr), seg.size),
+        SegmentKind::Expandable { .. } => unreachable!("expandable segments are unmapped"),
     }
 }
 
@@ -91,7 +197,7 @@ pub(crate) struct ReleaseFailures {
 }
 
 impl ReleaseFailures {
-    fn record(&mut self, bytes: u64, e: BackendError) {
+    pub(crate) fn record(&mut self, bytes: u64, e: BackendError) {
         self.segments += 1;
         self.bytes += bytes;
         self.first.get_or_insert(e);
@@ -112,10 +218,10 @@ impl ReleaseFailures {
 }
 
 /// Whether a free block may be returned to the device: it is its whole
-/// segment.
+/// (fixed) segment.
 #[inline]
 pub(crate) fn releasable<S>(b: &Block<S>) -> bool {
-    !b.is_split()
+    !b.is_split() && !b.expandable
 }
 
 impl<B: Backend> Inner<B> {
@@ -133,6 +239,9 @@ impl<B: Backend> Inner<B> {
             && self.stats.reserved_bytes.all().current as u64 + size > max
         {
             return Ok(None);
+        }
+        if self.config.expandable_segments && backend.virtual_memory().is_some() {
+            return self.alloc_expandable(backend, p);
         }
         let ptr = match backend.malloc(size) {
             Ok(ptr) => ptr.addr(),
@@ -200,9 +309,21 @@ impl<B: Backend> Inner<B> {
             Some(p) => p.free.iter().map(|e| e.id).collect(),
             None => return,
         };
+        let mut expandable = Vec::new();
         for id in ids {
-            if releasable(&self.blocks[id]) {
+            let b = &self.blocks[id];
+            if b.expandable {
+                expandable.push(id);
+            } else if releasable(b) {
                 self.release_segment(backend, id);
+            }
+        }
+        // PyTorch's `release_blocks`: the free blocks of expandable
+        // segments are gathered first (unmapping edits the free set)
+        for id in expandable {
+            let b = &self.blocks[id];
+            if b.state == BState::Free && b.expandable {
+                self.unmap_block(backend, id);
             }
         }
     }
@@ -251,6 +372,184 @@ impl<B: Backend> Inner<B> {
         None
     }
 
+    /// Reserves the range of a new expandable segment of `size` bytes in
+    /// pages of `page` bytes for `stream` and registers it (head block still
+    /// to set); returns (start, age). `Ok(None)`: no address space.
+    pub(super) fn reserve_expandable(
+        &mut self,
+        backend: &B,
+        size: u64,
+        page: u64,
+        stream: B::Stream,
+    ) -> Result<Option<(u64, u64)>, Error> {
+        let vm = backend
+            .virtual_memory()
+            .ok_or_else(|| Error::from(crate::config::expandable_unsupported()))?;
+        let gran = vm.granularity()?;
+        debug_assert!(page.is_multiple_of(gran));
+        let start = match vm.reserve(size) {
+            Ok(a) => a,
+            Err(DeviceAllocError::OutOfMemory) => return Ok(None),
+            Err(DeviceAllocError::Backend(e)) => return Err(e.into()),
+        };
+        let pages = (size / page) as usize;
+        let e = Expandable {
+            start,
+            size,
+            page,
+            pages: std::iter::repeat_with(|| None).take(pages).collect(),
+            stream,
+        };
+        let seq = self.segments.add_expandable(e, NIL);
+        Ok(Some((start, seq)))
+    }
+
+    /// Maps the pages covering `[addr, addr + size)` of an expandable
+    /// segment (`addr` on a page boundary, the pages unmapped): one physical
+    /// allocation per page, mapped, then access set on the whole range.
+    /// Returns the bytes mapped; `Ok(None)`: out of device memory (nothing
+    /// changed).
+    pub(super) fn map_pages(
+        &mut self,
+        backend: &B,
+        addr: u64,
+        size: u64,
+    ) -> Result<Option<u64>, Error> {
+        let vm = backend
+            .virtual_memory()
+            .ok_or_else(|| Error::from(crate::config::expandable_unsupported()))?;
+        let (index, e) = self.segments.expandable_at(addr);
+        let (start, page) = (e.start, e.page);
+        debug_assert!((addr - start).is_multiple_of(page));
+        let begin = ((addr - start) / page) as usize;
+        let end = (addr + size - start).div_ceil(page) as usize;
+        let mut made = Vec::with_capacity(end - begin);
+        for _ in begin..end {
+            match vm.create_physical(page) {
+                Ok(h) => made.push(h),
+                Err(err) => {
+                    for h in made {
+                        let _ = vm.release_physical(h);
+                    }
+                    return match err {
+                        DeviceAllocError::OutOfMemory => Ok(None),
+                        DeviceAllocError::Backend(e) => Err(e.into()),
+                    };
+                }
+            }
+        }
+        let first = start + begin as u64 * page;
+        for (k, h) in made.iter().enumerate() {
+            if let Err(err) = vm.map(first + k as u64 * page, page, h) {
+                for j in 0..k {
+                    let _ = vm.unmap(first + j as u64 * page, page);
+                }
+                for h in made {
+                    let _ = vm.release_physical(h);
+                }
+                return Err(err.into());
+            }
+        }
+        let bytes = (end - begin) as u64 * page;
+        if let Err(err) = vm.set_access(first, bytes, backend.device()) {
+            for j in 0..(end - begin) {
+                let _ = vm.unmap(first + j as u64 * page, page);
+            }
+            for h in made {
+                let _ = vm.release_physical(h);
+            }
+            return Err(err.into());
+        }
+        let e = self.segments.expandable[index as usize]
+            .as_mut()
+            .expect("a live expandable segment");
+        for (k, h) in made.into_iter().enumerate() {
+            debug_assert!(e.pages[begin + k].is_none());
+            e.pages[begin + k] = Some(h);
+        }
+        Ok(Some(bytes))
+    }
+
+    /// Unmaps and releases the whole pages inside `[addr, addr + size)` of
+    /// an expandable segment, after synchronizing the segment's stream (an
+    /// event recorded on it and waited for: unmapping does not wait for
+    /// pending work), or the device with `whole_device` (a private pool's
+    /// segment: its graphs may run on any stream). Returns the unmapped range (start, bytes); `None`
+    /// when no whole page lies inside or the first step failed (recorded
+    /// in `release_failures`).
+    pub(super) fn unmap_pages(
+        &mut self,
+        backend: &B,
+        addr: u64,
+        size: u64,
+        whole_device: bool,
+    ) -> Option<(u64, u64)> {
+        let vm = backend.virtual_memory()?;
+        let (index, e) = self.segments.expandable_at(addr);
+        let (start, page, stream) = (e.start, e.page, e.stream);
+        let begin = (addr - start).div_ceil(page) as usize;
+        let end = ((addr + size - start) / page) as usize;
+        // Unmapping needs a synchronization, which a capture underway
+        // forbids: the pages stay mapped until a release path outside
+        // capture.
+        if begin >= end || self.capture.is_active() {
+            return None;
+        }
+        let sync = if whole_device {
+            backend.synchronize_device()
+        } else {
+            backend.create_event().and_then(|ev| {
+                let r = backend
+                    .record_event(&ev, stream)
+                    .and_then(|()| backend.synchronize_event(&ev));
+                let d = backend.destroy_event(ev);
+                r.and(d)
+            })
+        };
+        if let Err(err) = sync {
+            // "not now" (a capture the engine does not see, in global mode,
+            // forbids it): the pages stay mapped and a later release path
+            // tries again; nothing is lost, so it is not a release failure
+            tracing::debug!(%err, addr, "synchronizing before an unmap failed; the pages stay mapped");
+            return None;
+        }
+        let e = self.segments.expandable[index as usize]
+            .as_mut()
+            .expect("a live expandable segment");
+        let mut done = begin;
+        for i in begin..end {
+            let at = start + i as u64 * page;
+            if let Err(err) = vm.unmap(at, page) {
+                tracing::warn!(%err, at, "unmapping a page failed; it stays mapped");
+                self.release_failures.record((end - i) as u64 * page, err);
+                break;
+            }
+            let h = e.pages[i].take().expect("a mapped page");
+            if let Err(err) = vm.release_physical(h) {
+                tracing::warn!(%err, at, "releasing a page's memory failed");
+                self.release_failures.record(page, err);
+            }
+            done = i + 1;
+        }
+        (done > begin).then(|| (start + begin as u64 * page, (done - begin) as u64 * page))
+    }
+
+    /// Unreserves the (wholly unmapped) expandable segment at `start` and
+    /// unregisters it; false (recorded) when the backend refuses.
+    pub(super) fn unreserve_expandable(&mut self, backend: &B, start: u64) -> bool {
+        let Some(vm) = backend.virtual_memory() else {
+            return false;
+        };
+        let size = self.segments.expandable_at(start).1.size;
+        if let Err(err) = vm.unreserve(start, size) {
+            tracing::warn!(%err, start, "unreserving an expandable segment failed");
+            self.release_failures.record(0, err);
+            return false;
+        }
+        self.segments.remove_expandable(start);
+        true
+    }
+
     /// Returns every segment and event to the backend (allocator dropped).
     pub(super) fn release_all_on_drop(&mut self, backend: &B) -> Result<(), Error> {
         let mut first_err: Option<Error> = None;
@@ -264,7 +563,24 @@ impl<B: Backend> Inner<B> {
         }
         keep(self.events.destroy_all(backend));
         for (addr, seg) in std::mem::take(&mut self.segments.map) {
-            keep(free_segment(backend, addr, &seg).map_err(Error::from));
+            if seg.kind == SegmentKind::Fixed {
+                keep(free_segment(backend, addr, &seg).map_err(Error::from));
+            }
+        }
+        let expandable = std::mem::take(&mut self.segments.expandable);
+        if let Some(vm) = backend.virtual_memory() {
+            for e in expandable.into_iter().flatten() {
+                for (i, p) in e.pages.into_iter().enumerate() {
+                    if let Some(h) = p {
+                        keep(
+                            vm.unmap(e.start + i as u64 * e.page, e.page)
+                                .map_err(Error::from),
+                        );
+                        keep(vm.release_physical(h).map_err(Error::from));
+                    }
+                }
+                keep(vm.unreserve(e.start, e.size).map_err(Error::from));
+            }
         }
         first_err.map_or(Ok(()), Err)
     }

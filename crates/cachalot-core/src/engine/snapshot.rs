@@ -3,6 +3,7 @@
 use crate::backend::Backend;
 use crate::engine::block::BState;
 use crate::engine::pools::PoolId;
+use crate::engine::segments::SegmentKind;
 use crate::engine::state::Inner;
 
 /// State of a block in a snapshot (PyTorch's names).
@@ -63,6 +64,9 @@ pub struct SegmentSnapshot {
     pub is_small: bool,
     /// Pool id ((0,0) for the default pools).
     pub pool_id: PoolId,
+    /// A contiguous mapped range of an expandable segment (each is reported
+    /// as a segment of its own, as PyTorch does).
+    pub is_expandable: bool,
     /// Blocks in address order.
     pub blocks: Vec<BlockSnapshot>,
 }
@@ -84,22 +88,30 @@ impl<B: Backend> Inner<B> {
     pub(crate) fn snapshot(&self) -> Snapshot {
         let mut segments = Vec::with_capacity(self.segments.len());
         for (addr, seg) in self.segments.iter() {
-            let head = &self.blocks[seg.head];
-            let pool_id = self.pools.pair(head.pool).id();
-            let mut s = SegmentSnapshot {
-                device: 0,
-                address: addr,
-                total_size: seg.size,
-                allocated_size: 0,
-                active_size: 0,
-                requested_size: 0,
-                stream: format!("{:?}", head.stream),
-                is_small: head.small,
-                pool_id,
-                blocks: Vec::new(),
-            };
+            let expandable = matches!(seg.kind, SegmentKind::Expandable { .. });
+            let mut cur: Option<SegmentSnapshot> = None;
             for id in self.blocks.segment_blocks(seg.head) {
                 let b = &self.blocks[id];
+                if b.state == BState::Unmapped {
+                    segments.extend(cur.take());
+                    continue;
+                }
+                let s = cur.get_or_insert_with(|| SegmentSnapshot {
+                    device: 0,
+                    address: if expandable { b.addr } else { addr },
+                    total_size: if expandable { 0 } else { seg.size },
+                    allocated_size: 0,
+                    active_size: 0,
+                    requested_size: 0,
+                    stream: format!("{:?}", b.stream),
+                    is_small: b.small,
+                    pool_id: self.pools.pair(b.pool).id(),
+                    is_expandable: expandable,
+                    blocks: Vec::new(),
+                });
+                if expandable {
+                    s.total_size += b.size;
+                }
                 let state = match b.state {
                     BState::Allocated => BlockState::ActiveAllocated,
                     BState::Pending => BlockState::ActivePendingFree,
@@ -124,7 +136,7 @@ impl<B: Backend> Inner<B> {
                     stream: format!("{:?}", b.stream),
                 });
             }
-            segments.push(s);
+            segments.extend(cur);
         }
         Snapshot {
             device: 0,

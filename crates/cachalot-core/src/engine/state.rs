@@ -16,7 +16,7 @@ use crate::engine::pools::{DEFAULT_POOL, PoolIdx, Pools};
 use crate::engine::rounding::{
     MAX_REQUEST, MIN_BLOCK_SIZE, SMALL_SIZE, allocation_size, round_size,
 };
-use crate::engine::segments::{ReleaseFailures, Segments};
+use crate::engine::segments::{Phys, ReleaseFailures, Segments};
 use crate::error::{Error, OomReport};
 use crate::stats::{DeviceStats, StatType};
 
@@ -91,7 +91,7 @@ impl Limits {
 pub(crate) struct Inner<B: Backend> {
     pub(super) blocks: Slab<B::Stream>,
     pub(super) pools: Pools<B::Stream>,
-    pub(super) segments: Segments,
+    pub(super) segments: Segments<Phys<B>, B::Stream>,
     /// Handed-out blocks by address.
     pub(super) live: AddrTable,
     pub(super) stats: DeviceStats,
@@ -244,7 +244,9 @@ impl<B: Backend> Inner<B> {
     /// Whether a block of `b_size` bytes handed out for `size` is split.
     fn should_split(&self, small: bool, b_size: u64, size: u64) -> bool {
         let remaining = b_size - size;
-        if small {
+        // PyTorch 2.11: with expandable segments large blocks split as
+        // small ones do (`should_split`)
+        if small || self.config.expandable_segments {
             remaining >= MIN_BLOCK_SIZE
         } else {
             size < self.config.max_split_size && remaining > SMALL_SIZE
@@ -257,16 +259,20 @@ impl<B: Backend> Inner<B> {
         let st = StatType::of_pool(p.small);
         let b = &self.blocks[id];
         let already_split = b.is_split();
+        // expandable blocks stay out of `inactive_split` (PyTorch 2.11)
+        let expandable = b.expandable;
         if self.should_split(b.small, b.size, p.size) {
             let rem_size = b.size - p.size;
             let rid = self.blocks.split(id, p.size);
             self.insert_free(rid);
-            if already_split {
-                self.stats.on_split_split(st, p.size);
-            } else {
-                self.stats.on_split_segment(st, rem_size);
+            if !expandable {
+                if already_split {
+                    self.stats.on_split_split(st, p.size);
+                } else {
+                    self.stats.on_split_segment(st, rem_size);
+                }
             }
-        } else if already_split {
+        } else if already_split && !expandable {
             self.stats.on_take_split(st, b.size);
         }
         let oversize = self.blocks[id].size >= self.config.max_split_size;
@@ -434,7 +440,9 @@ impl<B: Backend> Inner<B> {
             split_count += 1;
             split_bytes += b.size as i64;
         }
-        self.stats.on_inactive_split(st, split_count, split_bytes);
+        if !b.expandable {
+            self.stats.on_inactive_split(st, split_count, split_bytes);
+        }
         self.stats.on_inactive(st, orig_size, requested);
         id
     }
@@ -458,8 +466,13 @@ impl<B: Backend> Inner<B> {
     }
 
     /// Applies a config string; on error nothing changes.
-    pub fn set_config(&mut self, s: &str) -> Result<(), Error> {
-        self.config.apply(s)?;
+    pub fn set_config(&mut self, s: &str, has_vmm: bool) -> Result<(), Error> {
+        let mut c = self.config.clone();
+        c.apply(s)?;
+        if c.expandable_segments && !has_vmm {
+            return Err(crate::config::expandable_unsupported().into());
+        }
+        self.config = c;
         self.limits
             .set_fraction(self.config.per_process_memory_fraction);
         if self.config.placement == Placement::PyTorch {

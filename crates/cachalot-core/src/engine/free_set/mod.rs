@@ -301,6 +301,15 @@ impl<S: Copy + Ord> FreeSet<S> {
         Some(Found { size, addr, id })
     }
 
+    /// The block of stream `s` next after `(size, addr)` in (size,
+    /// address) order (dormant segments aside).
+    #[inline]
+    pub fn next_after(&self, s: S, size: u64, addr: u64) -> Option<Found> {
+        let (k, id) = self.set(s)?.first_at_least_key(fkey(size, addr + 1))?;
+        let (size, addr) = unkey(k);
+        Some(Found { size, addr, id })
+    }
+
     /// Blocks of stream `s` with size in `[lo, hi)`, largest first.
     pub fn range_desc(&self, s: S, lo: u64, hi: u64) -> Vec<Found> {
         let (lo, hi) = (fkey(lo, 0), fkey(hi, 0));

@@ -133,6 +133,19 @@ impl Bin {
         }
     }
 
+    /// The first entry at or after (size, addr).
+    fn first_at_least_key(&self, size: u64, addr: u64) -> Option<Entry> {
+        match self {
+            Bin::Flat(v) => v
+                .get(v.partition_point(|x| (x.size, x.addr) < (size, addr)))
+                .copied(),
+            Bin::Tree(t) => t
+                .range((size, addr)..)
+                .next()
+                .map(|(&(size, addr), &id)| Entry { size, addr, id }),
+        }
+    }
+
     fn for_each(&self, f: &mut impl FnMut(u64, u64, BlockId)) {
         match self {
             Bin::Flat(v) => v.iter().for_each(|e| f(e.size, e.addr, e.id)),
@@ -234,6 +247,21 @@ impl SizeTree {
         let c = class_of(size);
         let hit = if self.bits[c / 64] & (1 << (c % 64)) != 0 {
             self.bins[c].first_at_least(size)
+        } else {
+            None
+        };
+        let e = match hit {
+            Some(e) => e,
+            None => self.bins[self.next_class(c + 1)?].first_at_least(0)?,
+        };
+        Some((e.size, e.addr, e.id))
+    }
+
+    /// The first block at or after (size, addr) in (size, address) order.
+    pub(super) fn first_at_least_key(&self, size: u64, addr: u64) -> Option<(u64, u64, BlockId)> {
+        let c = class_of(size);
+        let hit = if self.bits[c / 64] & (1 << (c % 64)) != 0 {
+            self.bins[c].first_at_least_key(size, addr)
         } else {
             None
         };

@@ -89,6 +89,19 @@ impl StreamSet {
         }
     }
 
+    /// The smallest entry ≥ `k`, address included (dormant entries aside).
+    pub(super) fn first_at_least_key(&self, k: u128) -> Option<(u128, BlockId)> {
+        let (size, addr) = unkey(k);
+        let t = self
+            .tree
+            .first_at_least_key(size, addr)
+            .map(|(sz, a, id)| (fkey(sz, a), id));
+        match (self.recent, t) {
+            (Some((rk, rid)), t) if rk >= k && t.is_none_or(|t| rk < t.0) => Some((rk, rid)),
+            (_, t) => t,
+        }
+    }
+
     /// Removes and returns the smallest entry ≥ `k` if `accept` takes it.
     #[inline]
     pub(super) fn take_first_at_least(

@@ -54,6 +54,21 @@ fn free_set_matches_an_ordered_set() {
                         model.remove(&w);
                     }
                 }
+                3 if step % 2 == 0 => {
+                    // the successor of an entry in (size, address) order
+                    if let Some(&e) = model
+                        .iter()
+                        .nth(lcg(&mut rng) as usize % model.len().max(1))
+                    {
+                        let want = model
+                            .range((e.0, e.1, e.2 + 1)..)
+                            .next()
+                            .filter(|w| w.0 == e.0)
+                            .map(|w| (w.1, w.2));
+                        let got = set.next_after(e.0, e.1, e.2).map(|g| (g.size, g.addr));
+                        assert_eq!(got, want);
+                    }
+                }
                 _ => {
                     if let Some(&e) = model
                         .iter()
