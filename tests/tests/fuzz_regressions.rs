@@ -96,3 +96,49 @@ fn record_stream_of_an_eager_stream_during_capture_waits_for_its_work() {
     a.empty_cache().unwrap();
     assert!(m.live_segments().is_empty());
 }
+
+/// Found by the engine target (`fuzz/regressions/engine/
+/// cross-stream-capture-segment-never-released.bin`): in `cross_stream`
+/// mode a stream forked into a capture takes part of the origin's fresh
+/// private-pool segment; once both blocks were freed, the graph destroyed
+/// and the pool released, the segment stayed cut at the stream boundary
+/// (free neighbours merge only within one stream) and `empty_cache` never
+/// released it.
+#[test]
+fn a_segment_shared_by_two_capture_streams_is_released_by_empty_cache() {
+    use cachalot_core::{AllocatorConfig, Backend, CachingAllocator, PoolFilter};
+    use cachalot_mock::MockConfig;
+
+    let m = MockConfig::new(64 << 20).auto_complete(false).build();
+    let config = AllocatorConfig::parse("graph_capture_record_stream_reuse:cross_stream").unwrap();
+    let a = CachingAllocator::with_config(m.clone(), config).unwrap();
+    let (s1, s2) = (m.create_stream(), m.create_stream());
+    let wait = |waiter, other| {
+        let e = m.create_event().unwrap();
+        m.record_event(&e, other).unwrap();
+        m.stream_wait_event(waiter, &e).unwrap();
+        m.destroy_event(e).unwrap();
+    };
+    let pool = cachalot_core::graph_pool_handle();
+    a.begin_allocate_to_pool(pool, PoolFilter::CaptureOf(s1))
+        .unwrap();
+    m.begin_capture(s1).unwrap();
+    let x = a.allocate(1359, s1).unwrap();
+    m.use_memory(s1, x, 1359, 1).unwrap();
+    wait(s2, s1);
+    let y = a.allocate(446, s2).unwrap();
+    assert_eq!(y, x + 1536, "s2 takes the rest of s1's fresh segment");
+    m.use_memory(s2, y, 446, 2).unwrap();
+    wait(s1, s2);
+    let g = m.end_capture(s1).unwrap();
+    a.end_allocate_to_pool(pool).unwrap();
+    a.free(x).unwrap();
+    a.free(y).unwrap();
+    drop(g);
+    a.release_pool(pool).unwrap();
+    m.complete_all();
+    a.empty_cache().unwrap();
+    a.check_invariants().unwrap();
+    assert_eq!(a.stats().reserved_bytes.all().current, 0);
+    assert!(m.live_segments().is_empty());
+}

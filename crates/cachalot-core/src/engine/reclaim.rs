@@ -112,9 +112,13 @@ impl<B: Backend> Inner<B> {
     pub(super) fn release_cached_blocks(&mut self, backend: &B) -> Result<(), Error> {
         if !self.capture.is_active() {
             self.synchronize_and_free_events(backend, None)?;
-            if self.config.idle_stream_reuse {
-                self.merge_idle_neighbours(backend)?;
-            }
+            // Free neighbours of different streams come from
+            // `idle_stream_reuse` and from cross-stream reuse in a capture
+            // (a private-pool segment shared by two streams): merged here
+            // once their streams are idle, so the segment can be released
+            // (found by the engine fuzz target: a released graph's pool kept
+            // such a segment forever). A scan of the blocks when none differ.
+            self.merge_idle_neighbours(backend)?;
             self.release_default_pools(backend);
         }
         self.release_freeable_private_pools(backend);
@@ -181,7 +185,8 @@ impl<B: Backend> Inner<B> {
     }
 
     /// Merges adjacent free blocks of different streams when every stream
-    /// involved is idle (undoing the splits left by `take_idle_block`).
+    /// involved is idle (undoing the splits left by `take_idle_block` and by
+    /// cross-stream reuse during a capture).
     fn merge_idle_neighbours(&mut self, backend: &B) -> Result<(), Error> {
         let mut idle: Vec<(B::Stream, bool)> = Vec::new();
         for head in self.segments.heads() {
