@@ -197,13 +197,17 @@ impl<B: Backend> Inner<B> {
                     break;
                 }
                 let (a, b) = (&self.blocks[id], &self.blocks[next]);
-                if a.state != BState::Free || b.state != BState::Free || a.stream == b.stream {
+                if a.state != BState::Free || b.state != BState::Free {
                     id = next;
                     continue;
                 }
+                // Free neighbours of one stream merge as `free_block` would
+                // have, had the stream boundary between them not been there
+                // when they were freed (a block just re-keyed here).
                 let (sa, sb) = (a.stream, b.stream);
-                if !self.stream_is_idle_cached(backend, &mut idle, sa)?
-                    | !self.stream_is_idle_cached(backend, &mut idle, sb)?
+                if sa != sb
+                    && (!self.stream_is_idle_cached(backend, &mut idle, sa)?
+                        | !self.stream_is_idle_cached(backend, &mut idle, sb)?)
                 {
                     id = next;
                     continue;
