@@ -459,7 +459,22 @@ impl<B: Backend> Inner<B> {
 
     /// Applies a config string; on error nothing changes.
     pub fn set_config(&mut self, s: &str) -> Result<(), Error> {
-        self.config.apply(s)?;
+        let mut next = self.config.clone();
+        next.apply(s)?;
+        // The reuse mode decides what a free in a capture records for later
+        // reuse: switching it mid-capture let a block freed under `off`
+        // (no markers) be taken by another capturing stream unordered (found
+        // by the engine fuzz target). Nothing changes on this error.
+        if self.capture.is_active()
+            && next.graph_capture_record_stream_reuse
+                != self.config.graph_capture_record_stream_reuse
+        {
+            return Err(crate::error::CaptureError::NotAllowedDuringCapture(
+                "changing graph_capture_record_stream_reuse",
+            )
+            .into());
+        }
+        self.config = next;
         self.limits
             .set_fraction(self.config.per_process_memory_fraction);
         if self.config.placement == Placement::PyTorch {
