@@ -472,6 +472,18 @@ impl<B: Backend> Inner<B> {
         if c.expandable_segments && !has_vmm {
             return Err(crate::config::expandable_unsupported().into());
         }
+        // The reuse mode decides what a free in a capture records for later
+        // reuse: switching it mid-capture let a block freed under `off`
+        // (no markers) be taken by another capturing stream unordered (found
+        // by the engine fuzz target). Nothing changes on this error.
+        if self.capture.is_active()
+            && c.graph_capture_record_stream_reuse != self.config.graph_capture_record_stream_reuse
+        {
+            return Err(crate::error::CaptureError::NotAllowedDuringCapture(
+                "changing graph_capture_record_stream_reuse",
+            )
+            .into());
+        }
         self.config = c;
         self.limits
             .set_fraction(self.config.per_process_memory_fraction);
