@@ -9,21 +9,7 @@ use cachalot_conformance::fuzz::engine;
 
 fn inputs(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
     let root = cachalot_conformance::repo_root().join("fuzz");
-    let mut out = Vec::new();
-    for dir in ["regressions", "seeds"] {
-        let Ok(entries) = std::fs::read_dir(root.join(dir).join(target)) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let p = e.path();
-            if p.is_file() {
-                let bytes = std::fs::read(&p).expect("read input");
-                out.push((p, bytes));
-            }
-        }
-    }
-    out.sort();
-    out
+    cachalot_core::fuzz::committed_inputs(&root, target)
 }
 
 #[test]

@@ -536,20 +536,7 @@ mod tests {
     /// The committed inputs of the `capi` target.
     fn inputs() -> Vec<(PathBuf, Vec<u8>)> {
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz");
-        let mut out = Vec::new();
-        for dir in ["regressions", "seeds"] {
-            let Ok(entries) = std::fs::read_dir(root.join(dir).join("capi")) else {
-                continue;
-            };
-            for e in entries.flatten() {
-                let p = e.path();
-                if p.is_file() {
-                    out.push((p.clone(), std::fs::read(&p).expect("read input")));
-                }
-            }
-        }
-        out.sort();
-        out
+        cachalot_core::fuzz::committed_inputs(&root, "capi")
     }
 
     /// Every committed input of the `capi` fuzz target through the same

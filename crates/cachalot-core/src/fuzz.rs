@@ -8,11 +8,34 @@
 #![forbid(unsafe_code)]
 
 use std::ffi::OsString;
+use std::path::{Path, PathBuf};
 
 use crate::config::{
     AllocatorConfig, ConfigReplay, MAX_CONFIG_LEN, MAX_ROUNDUP_DIVISIONS, MAX_SIZE_MB,
 };
 use crate::replay::{Op, Trace, TraceError, TraceLimits};
+
+/// The committed inputs of fuzz target `target` under `fuzz_root` (the
+/// repository's `fuzz/`): every file of `regressions/<target>/` and
+/// `seeds/<target>/` with its bytes, sorted by path. The replay tests of
+/// every harness (this crate's, the engine's, the C ABI's) read them so.
+pub fn committed_inputs(fuzz_root: &Path, target: &str) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    for dir in ["regressions", "seeds"] {
+        let Ok(entries) = std::fs::read_dir(fuzz_root.join(dir).join(target)) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_file() {
+                let bytes = std::fs::read(&p).expect("read a committed fuzz input");
+                out.push((p, bytes));
+            }
+        }
+    }
+    out.sort();
+    out
+}
 
 /// Longest error message a hostile input may produce, in bytes: messages
 /// echo a bounded excerpt of the input, never all of it.
@@ -216,21 +239,7 @@ mod tests {
     /// Every file of `fuzz/regressions/<target>/` and `fuzz/seeds/<target>/`.
     fn inputs(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz");
-        let mut out = Vec::new();
-        for dir in ["regressions", "seeds"] {
-            let Ok(entries) = std::fs::read_dir(root.join(dir).join(target)) else {
-                continue;
-            };
-            for e in entries.flatten() {
-                let p = e.path();
-                if p.is_file() {
-                    let bytes = std::fs::read(&p).unwrap();
-                    out.push((p, bytes));
-                }
-            }
-        }
-        out.sort();
-        out
+        super::committed_inputs(&root, target)
     }
 
     #[test]
