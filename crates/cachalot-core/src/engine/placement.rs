@@ -95,14 +95,17 @@ pub(crate) trait PlacementPolicy {
 
     /// `stream` has no block of this pool out any more
     /// ([`Back::Drained`]): reorganise its free blocks; the ids of blocks
-    /// made dormant go to `moved`.
+    /// made dormant go to `moved`. Nothing by default (a policy that does
+    /// not watch drains is never told of one).
     fn on_drain<S: Copy + Ord>(
         &self,
         free: &mut FreeSet<S>,
         stream: S,
         whole_seq: impl Fn(BlockId) -> Option<u64>,
         moved: &mut Vec<BlockId>,
-    );
+    ) {
+        let _ = (free, stream, whole_seq, moved);
+    }
 }
 
 /// PyTorch's placement: best fit over every free block of the stream.
@@ -112,15 +115,6 @@ impl PlacementPolicy for PyTorch {
     #[inline]
     fn watches_drain(&self, _pool: PoolIdx) -> bool {
         false
-    }
-
-    fn on_drain<S: Copy + Ord>(
-        &self,
-        _free: &mut FreeSet<S>,
-        _stream: S,
-        _whole_seq: impl Fn(BlockId) -> Option<u64>,
-        _moved: &mut Vec<BlockId>,
-    ) {
     }
 }
 
