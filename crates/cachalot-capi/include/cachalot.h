@@ -229,7 +229,8 @@ typedef struct {
 } cachalot_snapshot_t;
 
 /* Snapshot of device: all segments, or pool's for pool != (0,0); history
- * entries when include_traces. Release with cachalot_snapshot_free. */
+ * entries when include_traces. Release with cachalot_snapshot_free. A device
+ * not in use yet writes NULL to *out (success; nothing is opened). */
 int cachalot_snapshot(int device, uint64_t pool_hi, uint64_t pool_lo,
                       int include_traces, cachalot_snapshot_t **out);
 void cachalot_snapshot_free(cachalot_snapshot_t *s);

@@ -82,9 +82,9 @@ macro_rules! typed {
             let $s = |raw: *mut c_void| -> Result<cachalot::mock::MockStream, Failure> {
                 let st = stream_of(dev, raw)?;
                 let h = dev.stream_handle(st)?;
-                Ok(cachalot::mock::MockStream(u32::try_from(h).map_err(|_| {
-                    Failure::invalid(format!("mock stream handle {h} out of range"))
-                })?))
+                Ok(cachalot::mock::MockStream(u32::try_from(h).map_err(
+                    |_| Failure::invalid(format!("mock stream handle {h} out of range")),
+                )?))
             };
             $body
         } else if let Some($a) = dev.as_cuda() {
@@ -921,11 +921,13 @@ fn build_snapshot(dev: &DeviceAllocator, pool: PoolId, traces: bool) -> Box<Owne
         Vec::new()
     };
     let mut divisions = [0u64; 16];
-    for (d, s) in divisions.iter_mut().zip(cfg.roundup_power2_divisions.iter()) {
+    for (d, s) in divisions
+        .iter_mut()
+        .zip(cfg.roundup_power2_divisions.iter())
+    {
         *d = *s;
     }
-    let last_config =
-        CString::new(cfg.last_config_string.replace('\0', "")).unwrap_or_default();
+    let last_config = CString::new(cfg.last_config_string.replace('\0', "")).unwrap_or_default();
     let mut owned = Box::new(OwnedSnapshot {
         public: CachalotSnapshot {
             segments: std::ptr::null(),
@@ -958,8 +960,8 @@ fn build_snapshot(dev: &DeviceAllocator, pool: PoolId, traces: bool) -> Box<Owne
 /// Writes a snapshot of `device` to `*out`: every segment (or, for a pool
 /// id other than `(0, 0)`, that pool's segments) with its blocks, and,
 /// when `include_traces` is non-zero, the memory history. Release it with
-/// [`cachalot_snapshot_free`]. A device without an allocator yet gives an
-/// empty snapshot of a new allocator (the device is opened).
+/// [`cachalot_snapshot_free`]. A device not in use yet (no allocator)
+/// writes NULL (and opens nothing).
 ///
 /// # Safety
 /// `out` is NULL (an error) or valid for one pointer write.
@@ -975,7 +977,11 @@ pub unsafe extern "C" fn cachalot_snapshot(
         if out.is_null() {
             return Err(Failure::invalid("out is NULL"));
         }
-        let dev = device_alloc(device)?;
+        let Some(dev) = existing_alloc(device)? else {
+            // SAFETY: non-NULL and valid for writes by the caller's contract.
+            unsafe { out.write(std::ptr::null_mut()) };
+            return Ok(());
+        };
         let owned = build_snapshot(dev, pool_id(pool_hi, pool_lo), include_traces != 0);
         // `public` is the first field of the repr(C) `OwnedSnapshot`: the
         // pointer to it is the pointer to the whole.

@@ -172,13 +172,22 @@ fn alloc_delete_and_stats_struct() {
     assert_eq!(j["max_split_size"].as_i64().unwrap(), s.max_split_size);
 
     assert_eq!(cachalot_raw_delete(p, -1), CACHALOT_OK);
-    assert_eq!(stats().allocated_bytes[0].current, before.allocated_bytes[0].current);
+    assert_eq!(
+        stats().allocated_bytes[0].current,
+        before.allocated_bytes[0].current
+    );
     // double free, unknown pointer, NULL
     assert_eq!(cachalot_raw_delete(p, 0), CACHALOT_ERR_DOUBLE_FREE);
     assert!(last_error().contains("cachalot_raw_delete"));
     let foreign = std::ptr::without_provenance_mut::<c_void>(0x1234_5678);
-    assert_eq!(cachalot_raw_delete(foreign, -1), CACHALOT_ERR_INVALID_POINTER);
-    assert_eq!(cachalot_raw_delete(foreign, 7), CACHALOT_ERR_INVALID_POINTER);
+    assert_eq!(
+        cachalot_raw_delete(foreign, -1),
+        CACHALOT_ERR_INVALID_POINTER
+    );
+    assert_eq!(
+        cachalot_raw_delete(foreign, 7),
+        CACHALOT_ERR_INVALID_POINTER
+    );
     assert_eq!(cachalot_raw_delete(null_mut(), -1), CACHALOT_OK);
     // interior pointer
     let q = alloc(4096, null_mut());
@@ -225,22 +234,19 @@ fn oom_report_fraction_and_info() {
     let _g = setup();
     let (mut free, mut total) = (0usize, 0usize);
     // SAFETY: valid out-pointers.
-    assert_eq!(
-        unsafe { cachalot_mem_get_info(0, &mut free, &mut total) },
-        CACHALOT_OK
-    );
+    let rc = unsafe { cachalot_mem_get_info(0, &mut free, &mut total) };
+    assert_eq!(rc, CACHALOT_OK);
     assert_eq!(total as u64, cachalot::H200_TOTAL_MEMORY);
     assert!(free <= total && free > 0);
     // SAFETY: NULL pointers are skipped.
-    assert_eq!(
-        unsafe { cachalot_mem_get_info(0, null_mut(), null_mut()) },
-        CACHALOT_OK
-    );
+    let rc = unsafe { cachalot_mem_get_info(0, null_mut(), null_mut()) };
+    assert_eq!(rc, CACHALOT_OK);
 
     // the fraction: round trip, bad values change nothing
     let mut f = 0.0;
     // SAFETY: valid out-pointer.
-    assert_eq!(unsafe { cachalot_get_memory_fraction(0, &mut f) }, CACHALOT_OK);
+    let rc = unsafe { cachalot_get_memory_fraction(0, &mut f) };
+    assert_eq!(rc, CACHALOT_OK);
     assert_eq!(f, 1.0);
     assert_eq!(cachalot_set_memory_fraction(0, 0.5), CACHALOT_OK);
     for bad in [1.5, -0.1, f64::NAN] {
@@ -250,7 +256,8 @@ fn oom_report_fraction_and_info() {
         );
     }
     // SAFETY: valid out-pointer.
-    assert_eq!(unsafe { cachalot_get_memory_fraction(0, &mut f) }, CACHALOT_OK);
+    let rc = unsafe { cachalot_get_memory_fraction(0, &mut f) };
+    assert_eq!(rc, CACHALOT_OK);
     assert_eq!(f, 0.5);
 
     // over the fraction: out of memory with the report
@@ -289,10 +296,8 @@ fn oom_report_fraction_and_info() {
     assert_eq!(unsafe { cachalot_cache_info(0, &mut largest) }, CACHALOT_OK);
     assert_eq!(largest, 30 << 20);
     // SAFETY: NULL on purpose.
-    assert_eq!(
-        unsafe { cachalot_cache_info(0, null_mut()) },
-        CACHALOT_ERR_INVALID_ARGUMENT
-    );
+    let rc = unsafe { cachalot_cache_info(0, null_mut()) };
+    assert_eq!(rc, CACHALOT_ERR_INVALID_ARGUMENT);
 
     // reset accumulated
     assert!(stats().allocation[0].allocated > 0);
@@ -393,7 +398,10 @@ fn mempool_uses_allocations_and_release() {
     assert_eq!(cachalot_pool_release(0, 0, 4242), CACHALOT_ERR_CAPTURE);
     assert!(last_error().contains("mempool"));
     assert_eq!(cachalot_pool_release(0, 0, 0), CACHALOT_ERR_CAPTURE);
-    assert_eq!(cachalot_pool_create_or_incref(0, 0, 0), CACHALOT_ERR_CAPTURE);
+    assert_eq!(
+        cachalot_pool_create_or_incref(0, 0, 0),
+        CACHALOT_ERR_CAPTURE
+    );
     assert_eq!(
         cachalot_pool_create_or_incref(9, 0, 1),
         CACHALOT_ERR_INVALID_ARGUMENT
@@ -445,7 +453,10 @@ fn capture_pool_routes_the_capturing_stream() {
     assert_eq!(cachalot_pool_begin(0, hi, lo, s.cast()), CACHALOT_OK);
     assert_eq!(use_count(hi, lo), 1);
     // a second begin of the same pool while recording: error
-    assert_eq!(cachalot_pool_begin(0, hi, lo, s.cast()), CACHALOT_ERR_CAPTURE);
+    assert_eq!(
+        cachalot_pool_begin(0, hi, lo, s.cast()),
+        CACHALOT_ERR_CAPTURE
+    );
     assert!(last_error().contains("already recording"));
     // a use_mem_pool allocation into a recording pool: error
     let mut p = null_mut();
@@ -457,7 +468,11 @@ fn capture_pool_routes_the_capturing_stream() {
     let a = alloc(1 << 20, s);
     backend.end_capture(ms).unwrap();
     assert_eq!(cachalot_pool_end(0, hi, lo), CACHALOT_OK);
-    assert_eq!(cachalot_pool_end(0, hi, lo), CACHALOT_ERR_CAPTURE, "not recording");
+    assert_eq!(
+        cachalot_pool_end(0, hi, lo),
+        CACHALOT_ERR_CAPTURE,
+        "not recording"
+    );
     // the captured allocation is in the pool; one on the same stream
     // outside the capture is not
     let b = alloc(1 << 20, s);
@@ -536,7 +551,11 @@ fn history_and_snapshot() {
             assert_eq!(at, s.address + s.total_size);
             assert_eq!(
                 s.allocated_size,
-                blocks.iter().filter(|b| b.state == 0).map(|b| b.size).sum::<u64>()
+                blocks
+                    .iter()
+                    .filter(|b| b.state == 0)
+                    .map(|b| b.size)
+                    .sum::<u64>()
             );
         }
         let small = snap.segments().iter().find(|s| s.is_small == 1).unwrap();
