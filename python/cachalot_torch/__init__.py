@@ -73,6 +73,9 @@ def install(config: str | None = None, mode: str | None = None, lib_path=None, v
     "shim" (default; $CACHALOT_TORCH_MODE overrides the default) or
     "pluggable". Installing again in the same mode is a no-op."""
     global _mode, _shim, _pluggable
+    mode = mode or os.environ.get(MODE_ENV) or "shim"
+    if mode not in ("shim", "pluggable"):
+        raise ValueError(f"mode must be 'shim' or 'pluggable', not {mode!r}")
     import torch
 
     if config is not None and lib_path is None and str(config).endswith(".so"):
@@ -80,10 +83,6 @@ def install(config: str | None = None, mode: str | None = None, lib_path=None, v
         warnings.warn("cachalot_torch.install(lib_path) is deprecated; use install(lib_path=...)",
                       DeprecationWarning, stacklevel=2)
         config, lib_path = None, config
-
-    mode = mode or os.environ.get(MODE_ENV) or "shim"
-    if mode not in ("shim", "pluggable"):
-        raise ValueError(f"mode must be 'shim' or 'pluggable', not {mode!r}")
     if _mode is not None:
         if _mode != mode:
             raise RuntimeError(f"cachalot is already installed in mode {_mode!r}")

@@ -4,10 +4,7 @@ error."""
 
 import threading
 
-import pytest
 import torch
-
-import _setup
 
 MiB = 1 << 20
 
@@ -87,12 +84,3 @@ def test_pool_memory_is_reused_within_the_pool():
     assert y.data_ptr() == p
     z = torch.empty(5 * MiB, dtype=torch.uint8, device="cuda")
     assert z.data_ptr() != p
-
-
-def test_unsupported_pool_options_raise_typed_errors():
-    if not _setup.is_cachalot():
-        pytest.skip("cachalot's typed errors")
-    with pytest.raises(NotImplementedError, match="use_on_oom"):
-        torch.cuda.MemPool(use_on_oom=True)
-    with pytest.raises(NotImplementedError, match="no_split"):
-        torch.cuda.MemPool(no_split=True)

@@ -235,22 +235,15 @@ pub extern "C" fn cachalot_raw_delete(ptr: *mut c_void, device_hint: c_int) -> c
         if addr == 0 {
             return Ok(());
         }
-        let hinted = if device_hint >= 0 {
-            existing_alloc(device_hint).ok().flatten()
-        } else {
-            None
-        };
-        if let Some(d) = hinted {
-            match d.raw_free(addr) {
-                Err(Error::UnknownPointer(_)) => {}
-                r => return Ok(r?),
-            }
-        }
-        for d in existing_allocs()? {
-            if hinted.is_some_and(|h| std::ptr::eq(h, d)) {
+        // no heap allocation on this path: it is every tensor's deleter
+        let n = crate::device_table()?.len();
+        let hint = usize::try_from(device_hint).ok().filter(|&h| h < n);
+        let order = hint.into_iter().chain((0..n).filter(|&d| Some(d) != hint));
+        for d in order {
+            let Some(dev) = existing_alloc(d as c_int)? else {
                 continue;
-            }
-            match d.raw_free(addr) {
+            };
+            match dev.raw_free(addr) {
                 Err(Error::UnknownPointer(_)) => {}
                 r => return Ok(r?),
             }
