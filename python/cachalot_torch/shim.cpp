@@ -23,6 +23,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -190,6 +191,15 @@ class CachalotAllocator final : public CCA::CUDAAllocator {
 
   void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t id,
                            std::function<bool(cudaStream_t)> filter) override {
+    {
+      // as PyTorch: one registration per pool at a time
+      std::lock_guard<std::mutex> g(ctx_mu_);
+      for (const auto& c : contexts_) {
+        TORCH_CHECK(!(c.device == device && c.id == id),
+                    "cachalot: beginAllocateToPool: already recording to mempool (", id.first, ", ",
+                    id.second, ")");
+      }
+    }
     cudaStream_t cur = c10::cuda::getCurrentCUDAStream(device).stream();
     if (!filter(cur)) {
       // a graph capture's filter (true only once the stream captures)
@@ -440,7 +450,9 @@ extern "C" int cachalot_torch_install(const char* config, char* err, size_t errl
                "get_device_properties, ...)");
       return 1;
     }
-    if (cachalot_init("cuda") != CACHALOT_OK) {
+    // CACHALOT_TORCH_BACKEND=mock: the mock device, for tests without a GPU
+    const char* backend = std::getenv("CACHALOT_TORCH_BACKEND");
+    if (cachalot_init(backend && *backend ? backend : "cuda") != CACHALOT_OK) {
       copy_msg(err, errlen, last_error());
       return 2;
     }

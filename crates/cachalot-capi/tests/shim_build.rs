@@ -13,6 +13,12 @@
 //! `nvidia-cuda-runtime` and `nvidia-cuda-crt` wheels) and
 //! `CACHALOT_CUDART_DIR` (a folder with `libcudart.so.13`). Without them it
 //! prints `skipped: <reason>`.
+//!
+//! Then it runs the shim: `tests/shim_driver.cpp`, linked with the shim and
+//! the real `libc10` / `libc10_cuda`, installs cachalot on the mock device
+//! (`CACHALOT_TORCH_BACKEND=mock`) and drives every method through torch's
+//! own entry points (`c10::cuda::CUDACachingAllocator::*`,
+//! `c10::GetAllocator`), printing `shim driver: ok`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -34,7 +40,7 @@ fn cdylib() -> PathBuf {
 
 #[test]
 #[cfg_attr(miri, ignore = "runs g++")]
-fn shim_compiles_and_links_against_torch() {
+fn shim_builds_against_torch_and_runs_inside_it() {
     let (Some(torch), Some(cuda_inc), Some(cudart)) = (
         var("CACHALOT_TORCH_DIR"),
         var("CACHALOT_CUDA_INCLUDE"),
@@ -77,11 +83,50 @@ fn shim_compiles_and_links_against_torch() {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-    // the install entry points are exported
-    let nm = Command::new("nm").arg("-D").arg(&out).output();
-    if let Ok(nm) = nm {
-        let syms = String::from_utf8_lossy(&nm.stdout);
-        assert!(syms.contains("cachalot_torch_install"), "{syms}");
-        assert!(syms.contains("cachalot_torch_installed"), "{syms}");
-    }
+    // the driver: the shim inside torch's libraries, on the mock device
+    let lib = cdylib();
+    let driver = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cachalot_shim_driver");
+    let output = Command::new(&cxx)
+        .args(["-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror"])
+        .arg("-isystem")
+        .arg(torch.join("include"))
+        .arg("-isystem")
+        .arg(&cuda_inc)
+        .arg(manifest.join("tests/shim_driver.cpp"))
+        .arg("-o")
+        .arg(&driver)
+        .arg(&out)
+        .arg(&lib)
+        .arg("-L")
+        .arg(torch.join("lib"))
+        .arg("-L")
+        .arg(&cudart)
+        .args([
+            "-lc10",
+            "-lc10_cuda",
+            "-l:libcudart.so.13",
+            "-Wl,--export-dynamic",
+        ])
+        .output()
+        .unwrap_or_else(|e| panic!("running {cxx}: {e}"));
+    assert!(
+        output.status.success(),
+        "building the driver failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let paths = std::env::join_paths([torch.join("lib"), cudart.clone()]).expect("library path");
+    let run = Command::new(&driver)
+        .env("CACHALOT_TORCH_BACKEND", "mock")
+        .env("LD_LIBRARY_PATH", paths)
+        .env_remove("CACHALOT_ALLOC_CONF")
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF")
+        .output()
+        .expect("running the driver");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success() && stdout.contains("shim driver: ok"),
+        "the driver failed ({}):\n{stdout}{}",
+        run.status,
+        String::from_utf8_lossy(&run.stderr)
+    );
 }
