@@ -190,7 +190,8 @@ int cachalot_pool_use_count(int device, uint64_t pool_hi, uint64_t pool_lo, int 
 int cachalot_pool_check_live(int device, uint64_t pool_hi, uint64_t pool_lo,
                              const void *const *ptrs, size_t n, int *out);
 
-/* Memory history on (keeping max_entries, cleared when clear != 0) or off. */
+/* Memory history on (keeping max_entries, clamped to 2^22; cleared when
+ * clear != 0) or off. */
 int cachalot_record_history(int device, int enabled, uint64_t max_entries, int clear);
 int cachalot_history_enabled(int device, int *out);
 

@@ -45,9 +45,9 @@ use crate::{
 
 /// The pool id `(0, 0)`: the default pools (in a snapshot: every pool).
 const DEFAULT_POOL: PoolId = (0, 0);
-/// Most entries [`cachalot_record_history`] keeps (PyTorch's default is
-/// 100,000).
-pub const MAX_HISTORY_ENTRIES: u64 = 1 << 26;
+/// Most entries [`cachalot_record_history`] keeps: a larger `max_entries`
+/// (PyTorch's default is `sys.maxsize`, "unbounded") is clamped to it.
+pub const MAX_HISTORY_ENTRIES: u64 = 1 << 22;
 /// Most pointers [`cachalot_pool_check_live`] reads.
 pub const MAX_CHECK_POINTERS: usize = 1 << 28;
 
@@ -672,10 +672,9 @@ pub unsafe extern "C" fn cachalot_pool_check_live(
 // ----- memory history and snapshots -----
 
 /// Turns `device`'s memory history on (`enabled` non-zero, keeping at most
-/// `max_entries` entries, clearing it when `clear` is non-zero or the
-/// setting changes) or off (clearing it): `_record_memory_history`.
-/// `max_entries` over [`MAX_HISTORY_ENTRIES`] is
-/// [`crate::CACHALOT_ERR_INVALID_ARGUMENT`].
+/// `max_entries` entries, clamped to [`MAX_HISTORY_ENTRIES`]; cleared when
+/// `clear` is non-zero or the setting changes) or off (clearing it):
+/// `_record_memory_history`.
 #[unsafe(no_mangle)]
 pub extern "C" fn cachalot_record_history(
     device: c_int,
@@ -684,11 +683,7 @@ pub extern "C" fn cachalot_record_history(
     clear: c_int,
 ) -> c_int {
     status("cachalot_record_history", || {
-        if max_entries > MAX_HISTORY_ENTRIES {
-            return Err(Failure::invalid(format!(
-                "max_entries {max_entries} over {MAX_HISTORY_ENTRIES}"
-            )));
-        }
+        let max_entries = max_entries.min(MAX_HISTORY_ENTRIES);
         let dev = device_alloc(device)?;
         if enabled == 0 || clear != 0 {
             dev.record_memory_history(None);
