@@ -45,6 +45,8 @@
 pub mod accelerator;
 mod backend;
 mod buffer;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod device;
 pub mod export;
 mod global;
@@ -75,9 +77,6 @@ pub use cachalot_core::replay::{
 pub use cachalot_core::{
     AllocatorConfig, ConfigError, DeviceIndex, DeviceStats, Error, MemoryInfo, OomReport, Result,
 };
-/// The CUDA backend.
-#[cfg(feature = "cuda")]
-pub use cachalot_cuda as cuda;
 /// The HIP backend.
 #[cfg(feature = "hip")]
 pub use cachalot_hip as hip;
