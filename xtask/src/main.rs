@@ -3,7 +3,9 @@
 //! * `test-cuda`: with a usable GPU, runs the CUDA test packages and prints a
 //!   pass/fail summary; without one, builds the release test and bench
 //!   binaries and packs them into `dist/cuda/` with a `run.sh` that runs them
-//!   on a GPU machine (no Rust needed there), then runs them again under
+//!   on a GPU machine (no Rust needed there; the cudarc example
+//!   `examples/mlp-train` goes to `dist/cuda/cudarc/`, run by
+//!   `scripts/device/cudarc_example.sh`), then runs them again under
 //!   `compute-sanitizer --tool memcheck --leak-check full` (API errors the
 //!   tests provoke on purpose are listed in `sanitizer-allow.txt`).
 //!   Wherever the tests run on the hardware (here or through `run.sh`),
@@ -59,6 +61,12 @@ const CUDA_BENCH_PACKAGES: &[(&str, Option<&str>)] = &[
     ("cachalot", Some("cuda")),
     ("cachalot-conformance", Some("cuda")),
 ];
+
+/// The cudarc workload (`examples/mlp-train`): `test-cuda` packs its
+/// binary and test binaries into `dist/cuda/cudarc/`, which
+/// `scripts/device/cudarc_example.sh` runs (it makes cuBLAS and NVRTC
+/// loadable first, which `run.sh` does not).
+const CUDARC_EXAMPLE: (&str, &str) = ("mlp-train", "mlp-train");
 
 /// CLI binaries packed by `bench-cuda`: (package, binary, feature).
 const CLI_BINARIES: &[(&str, &str, Option<&str>)] = &[("cachalot-cli", "cachalot", Some("cuda"))];
@@ -396,8 +404,10 @@ fn test_cuda(opts: &Options) -> Res<bool> {
     let dist = root().join("dist").join("cuda");
     let n = pack_tests(&pkgs, &selected, &dist, opts)?;
     let nb = pack_benches(&pkgs, &dist, opts)?;
+    let ne = pack_cudarc_example(&pkgs, &dist, opts)?;
     let traces = pack_traces(&dist)?;
     write_script(&dist.join("run.sh"), RUN_SH)?;
+    println!("xtask: packed {ne} cudarc example binaries into dist/cuda/cudarc");
     fs::write(dist.join("sanitizer-allow.txt"), SANITIZER_ALLOW)
         .map_err(|e| format!("writing sanitizer-allow.txt: {e}"))?;
     println!(
@@ -537,6 +547,39 @@ fn pack_benches(pkgs: &[Package], dist: &Path, opts: &Options) -> Res<usize> {
                 continue;
             }
             copy_binary(&exe, &bench_dir.join(&name), opts.strip)?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// Builds the cudarc example's release binary and test binaries into
+/// `dist/cuda/cudarc/{bin,tests}` (emptied first); returns how many.
+fn pack_cudarc_example(pkgs: &[Package], dist: &Path, opts: &Options) -> Res<usize> {
+    let (name, bin) = CUDARC_EXAMPLE;
+    let Some(pkg) = pkgs.iter().find(|p| p.name == name) else {
+        println!("xtask: package {name} not in the workspace, skipped");
+        return Ok(0);
+    };
+    let dir = dist.join("cudarc");
+    reset_dir(&dir)?;
+    let (bin_dir, tests_dir) = (dir.join("bin"), dir.join("tests"));
+    reset_dir(&bin_dir)?;
+    reset_dir(&tests_dir)?;
+    let mut n = 0;
+    let mut cmd = cargo();
+    cmd.args(["test", "--release", "--no-run", "--message-format=json"]);
+    feature_args(&mut cmd, pkg, &None);
+    for (test, exe) in built_executables(cmd, pkgs, true)? {
+        copy_binary(&exe, &tests_dir.join(&test), opts.strip)?;
+        n += 1;
+    }
+    let mut cmd = cargo();
+    cmd.args(["build", "--release", "--message-format=json", "--bin", bin]);
+    feature_args(&mut cmd, pkg, &None);
+    for (_, exe) in built_executables(cmd, pkgs, false)? {
+        if exe.file_stem().is_some_and(|s| s == bin) {
+            copy_binary(&exe, &bin_dir.join(bin), opts.strip)?;
             n += 1;
         }
     }
