@@ -38,3 +38,39 @@
 //! ordering is the program's, as in PyTorch.
 
 pub use cachalot_cuda::*;
+
+#[cfg(test)]
+mod tests {
+    /// The code lines of the first ```rust block after `heading` in `text`
+    /// (doc-comment markers and trailing `//` comments removed).
+    fn code_after(text: &str, heading: &str) -> Vec<String> {
+        let start = text.find(heading).expect("heading present");
+        text[start..]
+            .lines()
+            .map(|l| l.trim_start().trim_start_matches("//!").trim())
+            .skip_while(|l| !l.starts_with("```"))
+            .skip(1)
+            .take_while(|l| !l.starts_with("```"))
+            .map(|l| l.split(" //").next().unwrap_or("").trim().to_string())
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .collect()
+    }
+
+    /// The README's cudarc example is this module's compiled doc test:
+    /// every code line of it appears there.
+    #[test]
+    fn readme_example_is_the_compiled_doc_test() {
+        let readme = code_after(
+            include_str!("../../../README.md"),
+            "## Use it from Rust (cudarc)",
+        );
+        let doc = code_after(include_str!("cuda.rs"), "//! * [`CudaAllocator`]");
+        assert!(readme.len() >= 9, "{readme:?}");
+        for line in &readme {
+            assert!(
+                doc.contains(line),
+                "README line not in the doc test: {line}\n{doc:?}"
+            );
+        }
+    }
+}

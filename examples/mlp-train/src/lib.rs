@@ -448,20 +448,26 @@ impl Way for PlainWay {
     }
 }
 
-/// cachalot's caching allocator on the program's context.
-pub struct CachalotWay(pub Arc<CudaAllocator>);
+/// cachalot's caching allocator on the program's context, with the name
+/// it has in the report.
+pub struct CachalotWay {
+    /// The allocator.
+    pub alloc: Arc<CudaAllocator>,
+    /// The way's name (e.g. `cachalot`, `cachalot-expandable`).
+    pub name: &'static str,
+}
 
 impl Way for CachalotWay {
     type Buf = cachalot::cuda::Slice<f32>;
     fn name(&self) -> &'static str {
-        "cachalot"
+        self.name
     }
     fn alloc(&self, stream: &Arc<CudaStream>, len: usize) -> Result<Self::Buf> {
         // SAFETY: the workload writes every buffer before reading it.
-        unsafe { self.0.alloc::<f32>(stream, len) }.map_err(err("cachalot alloc"))
+        unsafe { self.alloc.alloc::<f32>(stream, len) }.map_err(err("cachalot alloc"))
     }
     fn cachalot_stats(&self) -> Option<(i64, i64, i64)> {
-        let s = self.0.stats();
+        let s = self.alloc.stats();
         Some((
             s.reserved_bytes.0[0].peak,
             s.allocated_bytes.0[0].peak,

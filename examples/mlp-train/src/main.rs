@@ -5,8 +5,12 @@
 //! GPU or a library is unavailable or a call fails.
 //!
 //! ```text
-//! mlp-train [--tiny] [--steps N] [--warmup N] [--ways cudarc,cuMemAlloc,cachalot]
+//! mlp-train [--tiny] [--steps N] [--warmup N] [--ways cudarc,cuMemAlloc,cachalot,cachalot-expandable]
 //! ```
+//!
+//! `cachalot` uses the configuration from the environment
+//! (`CACHALOT_ALLOC_CONF`, then PyTorch's variables); `cachalot-expandable`
+//! adds `expandable_segments:True` to it.
 
 use std::process::ExitCode;
 
@@ -17,8 +21,10 @@ use mlp_train::{
     gpu_unavailable, json, losses_identical, run_way, spread, table,
 };
 
-const USAGE: &str =
-    "usage: mlp-train [--tiny] [--steps N] [--warmup N] [--ways cudarc,cuMemAlloc,cachalot]";
+const USAGE: &str = "usage: mlp-train [--tiny] [--steps N] [--warmup N] [--ways cudarc,cuMemAlloc,cachalot,cachalot-expandable]";
+
+/// The ways, in the default order.
+const WAYS: [&str; 4] = ["cudarc", "cuMemAlloc", "cachalot", "cachalot-expandable"];
 
 /// Most timed or warm-up steps accepted on the command line.
 const MAX_STEPS: usize = 100_000;
@@ -30,7 +36,7 @@ struct Args {
 
 fn parse(args: &[String]) -> Result<Args, String> {
     let mut cfg = Config::standard();
-    let mut ways = vec!["cudarc".into(), "cuMemAlloc".into(), "cachalot".into()];
+    let mut ways: Vec<String> = WAYS.iter().map(|w| w.to_string()).collect();
     let mut it = args.iter();
     let num = |v: Option<&String>, what: &str| -> Result<usize, String> {
         let v = v.ok_or_else(|| format!("{what} needs a value"))?;
@@ -51,10 +57,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
             "--ways" => {
                 let v = it.next().ok_or("--ways needs a value")?;
                 ways = v.split(',').map(str::to_string).collect();
-                if let Some(bad) = ways
-                    .iter()
-                    .find(|w| !matches!(w.as_str(), "cudarc" | "cuMemAlloc" | "cachalot"))
-                {
+                if let Some(bad) = ways.iter().find(|w| !WAYS.contains(&w.as_str())) {
                     return Err(format!("unknown way '{bad}'"));
                 }
             }
@@ -81,11 +84,22 @@ fn run(args: &Args) -> Result<Vec<WayReport>, RunError> {
         let r = match w.as_str() {
             "cudarc" => run_way(&gpu, &CudarcWay, cfg, &data)?,
             "cuMemAlloc" => run_way(&gpu, &PlainWay, cfg, &data)?,
-            _ => {
-                let conf = AllocatorConfig::from_env().map_err(|e| RunError(e.to_string()))?;
+            name => {
+                let mut conf = AllocatorConfig::from_env().map_err(|e| RunError(e.to_string()))?;
+                let name = if name == "cachalot" {
+                    "cachalot"
+                } else {
+                    conf.apply("expandable_segments:True")
+                        .map_err(|e| RunError(e.to_string()))?;
+                    "cachalot-expandable"
+                };
                 let alloc = CudaAllocator::with_config(&gpu.ctx, conf)
                     .map_err(|e| RunError(format!("opening cachalot: {e}")))?;
-                let r = run_way(&gpu, &CachalotWay(alloc.clone()), cfg, &data)?;
+                let way = CachalotWay {
+                    alloc: alloc.clone(),
+                    name,
+                };
+                let r = run_way(&gpu, &way, cfg, &data)?;
                 if let Some(e) = alloc.take_error() {
                     return Err(RunError(format!("cachalot kept an error: {e}")));
                 }
@@ -160,7 +174,7 @@ mod tests {
         assert_eq!(a.cfg.steps, 3);
         assert_eq!(a.cfg.widths, Config::tiny().widths);
         assert_eq!(a.ways, ["cachalot"]);
-        assert_eq!(parse(&[]).unwrap().ways.len(), 3);
+        assert_eq!(parse(&[]).unwrap().ways.len(), 4);
         for bad in [
             &["--steps"][..],
             &["--steps", "x"],

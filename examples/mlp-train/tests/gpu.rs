@@ -121,7 +121,16 @@ fn three_ways_agree_and_match_the_cpu() {
     let reports = vec![
         run_way(&gpu, &CudarcWay, &cfg, &data).unwrap(),
         run_way(&gpu, &PlainWay, &cfg, &data).unwrap(),
-        run_way(&gpu, &CachalotWay(Arc::clone(&alloc)), &cfg, &data).unwrap(),
+        run_way(
+            &gpu,
+            &CachalotWay {
+                alloc: Arc::clone(&alloc),
+                name: "cachalot",
+            },
+            &cfg,
+            &data,
+        )
+        .unwrap(),
     ];
     losses_identical(&reports).unwrap();
     assert!(alloc.take_error().is_none());
