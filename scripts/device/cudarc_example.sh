@@ -105,6 +105,10 @@ printf '%-44s %6s %6s  %s\n' binary passed failed status
 for r in "${rows[@]}"; do echo "$r"; done
 echo
 echo "== mlp-train (exit $wrc) =="
-grep -v '^{' "$out/mlp-train.log" | tail -n 12
+if grep -q '^losses: first' "$out/mlp-train.log"; then
+  sed -n '/^losses: first/,$p' "$out/mlp-train.log" | grep -v '^{'
+else
+  tail -n 15 "$out/mlp-train.log"
+fi
 echo "json: $(cat "$out/mlp-train.json")"
 exit $bad

@@ -362,6 +362,15 @@ pub trait Way {
     /// `len` uninitialized `f32`s for use on `stream` (every buffer of the
     /// workload is written before it is read).
     fn alloc(&self, stream: &Arc<CudaStream>, len: usize) -> Result<Self::Buf>;
+    /// Called before the way's run (after the baseline free memory is read).
+    fn prepare(&self, _ctx: &Arc<CudaContext>) -> Result<()> {
+        Ok(())
+    }
+    /// Called after the way's run, its buffers dropped and the context
+    /// synchronized.
+    fn finish(&self, _ctx: &Arc<CudaContext>) -> Result<()> {
+        Ok(())
+    }
     /// Cachalot's own figures, for the cachalot way: (peak reserved,
     /// peak allocated, device allocation calls).
     fn cachalot_stats(&self) -> Option<(i64, i64, i64)> {
@@ -371,16 +380,68 @@ pub trait Way {
 
 /// cudarc's own allocation: `CudaStream::alloc` (`cuMemAllocAsync` from the
 /// device's default pool, with cudarc's read/write events per buffer).
-pub struct CudarcWay;
+/// With `retain`, the pool's release threshold is raised to "never" for
+/// the run (by default, 0, the pool gives its memory back to the device
+/// at every synchronization), then restored and the pool trimmed.
+pub struct CudarcWay {
+    /// Keep the pool's memory across synchronizations.
+    pub retain: bool,
+}
+
+/// Sets the release threshold of the default memory pool of `ctx`'s
+/// device, and trims the pool when it is 0.
+fn set_release_threshold(ctx: &Arc<CudaContext>, bytes: u64) -> Result<()> {
+    ctx.bind_to_thread().map_err(err("binding the context"))?;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer and the context's own device.
+    unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) }
+        .result()
+        .map_err(err("cuDeviceGetDefaultMemPool"))?;
+    let mut value = bytes;
+    // SAFETY: the release threshold attribute takes a pointer to a
+    // cuuint64_t, valid for the call; `pool` is the device's default pool.
+    unsafe {
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&raw mut value).cast(),
+        )
+    }
+    .result()
+    .map_err(err("cuMemPoolSetAttribute"))?;
+    if bytes == 0 {
+        // SAFETY: trimming the default pool to nothing; no pointers.
+        unsafe { sys::cuMemPoolTrimTo(pool, 0) }
+            .result()
+            .map_err(err("cuMemPoolTrimTo"))?;
+    }
+    Ok(())
+}
 
 impl Way for CudarcWay {
     type Buf = CudaSlice<f32>;
     fn name(&self) -> &'static str {
-        "cudarc"
+        if self.retain {
+            "cudarc-retain"
+        } else {
+            "cudarc"
+        }
     }
     fn alloc(&self, stream: &Arc<CudaStream>, len: usize) -> Result<CudaSlice<f32>> {
         // SAFETY: the workload writes every buffer before reading it.
         unsafe { stream.alloc::<f32>(len) }.map_err(err("cuMemAllocAsync"))
+    }
+    fn prepare(&self, ctx: &Arc<CudaContext>) -> Result<()> {
+        if self.retain {
+            set_release_threshold(ctx, u64::MAX)?;
+        }
+        Ok(())
+    }
+    fn finish(&self, ctx: &Arc<CudaContext>) -> Result<()> {
+        if self.retain {
+            set_release_threshold(ctx, 0)?;
+        }
+        Ok(())
     }
 }
 
@@ -800,6 +861,7 @@ pub fn run_way<W: Way>(
         min_free: Cell::new(baseline),
         ..AllocClock::default()
     });
+    way.prepare(&gpu.ctx)?;
     let mem = Mem {
         way,
         clock: Rc::clone(&clock),
@@ -861,6 +923,7 @@ pub fn run_way<W: Way>(
     drop(losses);
     drop(model);
     gpu.ctx.synchronize().map_err(err("synchronize"))?;
+    way.finish(&gpu.ctx)?;
     Ok(report)
 }
 
@@ -1068,7 +1131,7 @@ fn launch_sgd<A: DevicePtrMut<f32>, B: DevicePtr<f32>>(
 /// The three ways' reports as a table.
 pub fn table(reports: &[WayReport]) -> String {
     let mut out = format!(
-        "{:<11} {:>9} {:>9} {:>9} {:>12} {:>9} {:>13} {:>15}\n",
+        "{:<20} {:>9} {:>9} {:>9} {:>12} {:>9} {:>13} {:>15}\n",
         "way",
         "median_ms",
         "p10_ms",
@@ -1086,7 +1149,7 @@ pub fn table(reports: &[WayReport]) -> String {
             None => "-".into(),
         };
         out.push_str(&format!(
-            "{:<11} {:>9.3} {:>9.3} {:>9.3} {:>12.1} {:>9.1} {:>13.1} {:>15}\n",
+            "{:<20} {:>9.3} {:>9.3} {:>9.3} {:>12.1} {:>9.1} {:>13.1} {:>15}\n",
             r.way,
             sp.map_or(0.0, |s| s.median),
             sp.map_or(0.0, |s| s.p10),
@@ -1096,6 +1159,32 @@ pub fn table(reports: &[WayReport]) -> String {
             r.driver_peak as f64 / 1048576.0,
             cach
         ));
+    }
+    out
+}
+
+/// One line per (cachalot way, cudarc way) pair: step time and peak
+/// memory of cachalot relative to the driver pool's.
+pub fn verdicts(reports: &[WayReport]) -> Vec<String> {
+    let median = |r: &WayReport| spread(&r.step_times).map_or(0.0, |s| s.median);
+    let mut out = Vec::new();
+    for c in reports.iter().filter(|r| r.cachalot.is_some()) {
+        for d in reports.iter().filter(|r| r.way.starts_with("cudarc")) {
+            let (mc, md) = (median(c), median(d));
+            out.push(format!(
+                "{} vs {}: median step {:.3} vs {:.3} ms ({}), peak {:.1} vs {:.1} MiB ({}), alloc host time {:.1} vs {:.1} us/step",
+                c.way,
+                d.way,
+                mc,
+                md,
+                if mc <= md { "no slower" } else { "SLOWER" },
+                c.driver_peak as f64 / 1048576.0,
+                d.driver_peak as f64 / 1048576.0,
+                if c.driver_peak <= d.driver_peak { "no higher" } else { "HIGHER" },
+                c.alloc_time.as_secs_f64() * 1e6 / c.step_times.len().max(1) as f64,
+                d.alloc_time.as_secs_f64() * 1e6 / d.step_times.len().max(1) as f64,
+            ));
+        }
     }
     out
 }
@@ -1229,6 +1318,18 @@ mod tests {
             losses: vec![2.0, 1.5],
         };
         let t = table(std::slice::from_ref(&rep));
+        let mut d = rep.clone();
+        d.way = "cudarc";
+        d.cachalot = None;
+        d.driver_peak = 2 << 20;
+        let v = verdicts(&[rep.clone(), d]);
+        assert_eq!(v.len(), 1);
+        assert!(
+            v[0].contains("cachalot vs cudarc")
+                && v[0].contains("no slower")
+                && v[0].contains("HIGHER"),
+            "{v:?}"
+        );
         assert!(
             t.contains("cachalot") && t.contains("2.000") && t.contains("4.0 MiB"),
             "{t}"

@@ -5,10 +5,12 @@
 //! GPU or a library is unavailable or a call fails.
 //!
 //! ```text
-//! mlp-train [--tiny] [--steps N] [--warmup N] [--ways cudarc,cuMemAlloc,cachalot,cachalot-expandable]
+//! mlp-train [--tiny] [--steps N] [--warmup N] [--ways cudarc,cudarc-retain,cuMemAlloc,cachalot,cachalot-expandable]
 //! ```
 //!
-//! `cachalot` uses the configuration from the environment
+//! `cudarc` is cudarc's default (the driver pool gives its memory back at
+//! every synchronization); `cudarc-retain` raises the pool's release
+//! threshold so that it keeps it. `cachalot` uses the configuration from the environment
 //! (`CACHALOT_ALLOC_CONF`, then PyTorch's variables); `cachalot-expandable`
 //! adds `expandable_segments:True` to it.
 
@@ -18,13 +20,19 @@ use cachalot::AllocatorConfig;
 use cachalot::cuda::CudaAllocator;
 use mlp_train::{
     CachalotWay, Config, CudarcWay, Gpu, PlainWay, RunError, WayReport, batch_data,
-    gpu_unavailable, json, losses_identical, run_way, spread, table,
+    gpu_unavailable, json, losses_identical, run_way, spread, table, verdicts,
 };
 
-const USAGE: &str = "usage: mlp-train [--tiny] [--steps N] [--warmup N] [--ways cudarc,cuMemAlloc,cachalot,cachalot-expandable]";
+const USAGE: &str = "usage: mlp-train [--tiny] [--steps N] [--warmup N] [--ways cudarc,cudarc-retain,cuMemAlloc,cachalot,cachalot-expandable]";
 
 /// The ways, in the default order.
-const WAYS: [&str; 4] = ["cudarc", "cuMemAlloc", "cachalot", "cachalot-expandable"];
+const WAYS: [&str; 5] = [
+    "cudarc",
+    "cudarc-retain",
+    "cuMemAlloc",
+    "cachalot",
+    "cachalot-expandable",
+];
 
 /// Most timed or warm-up steps accepted on the command line.
 const MAX_STEPS: usize = 100_000;
@@ -82,7 +90,8 @@ fn run(args: &Args) -> Result<Vec<WayReport>, RunError> {
     let mut reports = Vec::new();
     for w in &args.ways {
         let r = match w.as_str() {
-            "cudarc" => run_way(&gpu, &CudarcWay, cfg, &data)?,
+            "cudarc" => run_way(&gpu, &CudarcWay { retain: false }, cfg, &data)?,
+            "cudarc-retain" => run_way(&gpu, &CudarcWay { retain: true }, cfg, &data)?,
             "cuMemAlloc" => run_way(&gpu, &PlainWay, cfg, &data)?,
             name => {
                 let mut conf = AllocatorConfig::from_env().map_err(|e| RunError(e.to_string()))?;
@@ -148,6 +157,9 @@ fn main() -> ExitCode {
         );
     }
     print!("{}", table(&reports));
+    for v in verdicts(&reports) {
+        println!("{v}");
+    }
     match &same {
         Ok(()) => println!("losses identical across {} ways: yes", reports.len()),
         Err(e) => println!("losses identical: NO ({e})"),
@@ -174,7 +186,7 @@ mod tests {
         assert_eq!(a.cfg.steps, 3);
         assert_eq!(a.cfg.widths, Config::tiny().widths);
         assert_eq!(a.ways, ["cachalot"]);
-        assert_eq!(parse(&[]).unwrap().ways.len(), 4);
+        assert_eq!(parse(&[]).unwrap().ways.len(), 5);
         for bad in [
             &["--steps"][..],
             &["--steps", "x"],

@@ -119,7 +119,8 @@ fn three_ways_agree_and_match_the_cpu() {
         .collect();
     let alloc = CudaAllocator::with_config(&gpu.ctx, AllocatorConfig::default()).unwrap();
     let reports = vec![
-        run_way(&gpu, &CudarcWay, &cfg, &data).unwrap(),
+        run_way(&gpu, &CudarcWay { retain: false }, &cfg, &data).unwrap(),
+        run_way(&gpu, &CudarcWay { retain: true }, &cfg, &data).unwrap(),
         run_way(&gpu, &PlainWay, &cfg, &data).unwrap(),
         run_way(
             &gpu,
@@ -134,7 +135,7 @@ fn three_ways_agree_and_match_the_cpu() {
     ];
     losses_identical(&reports).unwrap();
     assert!(alloc.take_error().is_none());
-    let r = &reports[2];
+    let r = &reports[3];
     assert_eq!(r.losses.len(), cfg.total_steps());
     assert_eq!(r.step_times.len(), cfg.steps);
     assert!(r.alloc_calls > 0);
