@@ -53,6 +53,12 @@
 //! restored after the call. The backend may therefore be used from any
 //! thread.
 //!
+//! [`CudaBackend::from_cudarc`] opens the backend on a caller's
+//! `cudarc::driver::CudaContext` instead: every call is made in that
+//! context (primary or not), which the backend keeps alive and never
+//! releases. [`CudaAllocator`] (module [`interop`]) builds the caching
+//! allocator on it, with cudarc streams and typed [`Slice`] buffers.
+//!
 //! # Streams
 //!
 //! [`CudaStream`] is a copyable handle (like a file descriptor number). The
