@@ -789,6 +789,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn buffers_are_send_and_sync_like_cudarcs() {
+        fn both<T: Send + Sync>() {}
+        both::<Slice<f32>>();
+        both::<View<'static, f32>>();
+        both::<ViewMut<'static, u8>>();
+        both::<CudaAllocator>();
+        both::<cudarc::driver::CudaSlice<f32>>();
+    }
+
+    #[test]
     fn ranges_are_checked() {
         assert_eq!(range(.., 10).unwrap(), (0, 10));
         assert_eq!(range(2..5, 10).unwrap(), (2, 5));
