@@ -69,3 +69,37 @@ fn readme_shows_this_snippet() {
         "README.md's \"Using it\" block differs from crates/cachalot/tests/readme.rs"
     );
 }
+
+/// Every relative link of the user-facing Markdown files names a file or
+/// folder of the repository (`traces/README.md` once linked a file outside it).
+#[test]
+fn markdown_links_resolve() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut checked = 0;
+    for doc in [
+        "README.md",
+        "BENCHMARKS.md",
+        "traces/README.md",
+        "bench/pytorch/README.md",
+    ] {
+        let path = root.join(doc);
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{doc}: {e}"));
+        let dir = path.parent().unwrap();
+        let mut rest = text.as_str();
+        while let Some(i) = rest.find("](") {
+            rest = &rest[i + 2..];
+            let Some(end) = rest.find(')') else { break };
+            let target = rest[..end].split('#').next().unwrap_or("");
+            rest = &rest[end..];
+            if target.is_empty() || target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            assert!(
+                dir.join(target).exists(),
+                "{doc}: the link ({target}) names no file"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 5, "{checked} links checked");
+}
