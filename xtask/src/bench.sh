@@ -38,7 +38,7 @@
 #                   pytorch-modes.json (the shape of traces/pytorch-modes-h200.json),
 #                   tables.txt
 # Exit: 0, or 1 when a harness failed to build or a run failed.
-set -u
+set -u -o pipefail
 cd "$(dirname "$0")" || exit 2
 PASSES=${PASSES:-5}
 ROUNDS=${ROUNDS:-3}
@@ -85,18 +85,14 @@ if [ ${#TRACES[@]} -gt 0 ]; then
   for round in $(seq 1 "$ROUNDS"); do
     echo "bench.sh: replay round $round of $ROUNDS"
     if have_ours; then
-      set -o pipefail
       $OURS_REPLAY "${TRACES[@]}" | grep --line-buffered '^{' | tag cachalot | tee -a "$RESULTS/cachalot-replay.jsonl" \
         || { echo "bench.sh: our replay failed"; status=1; }
-      set +o pipefail
     fi
     if [ -x build/torch_replay ]; then
       for m in $MODES; do
-        set -o pipefail
-        build/torch_replay --passes="$PASSES" --mode="$m" "${TRACES[@]}" | tag pytorch | tee -a "$RESULTS/pytorch-replay.jsonl" \
+          build/torch_replay --passes="$PASSES" --mode="$m" "${TRACES[@]}" | tag pytorch | tee -a "$RESULTS/pytorch-replay.jsonl" \
           || { echo "bench.sh: torch_replay --mode=$m failed"; status=1; }
-        set +o pipefail
-      done
+        done
     fi
   done
 fi
@@ -104,7 +100,8 @@ fi
 # --- threads -----------------------------------------------------------------
 if [ "${THREADS:-1}" = 1 ]; then
   if [ -x bin/cachalot ] || [ -n "${CACHALOT_THREADS:-}" ]; then
-    $OURS_THREADS | grep --line-buffered '^{' | tag cachalot | tee -a "$RESULTS/cachalot-threads.jsonl"
+    $OURS_THREADS | grep --line-buffered '^{' | tag cachalot | tee -a "$RESULTS/cachalot-threads.jsonl" \
+      || { echo "bench.sh: our threads benchmark failed"; status=1; }
   fi
   if [ -x build/torch_threads ]; then
     for m in $THREAD_MODES; do

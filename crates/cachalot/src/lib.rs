@@ -51,6 +51,7 @@
 //! | `torch.cuda.mem_get_info(device)` | [`mem_get_info`] |
 //! | `torch.accelerator.get_memory_info(device)` | [`accelerator::get_memory_info`] (the same function) |
 //! | `torch.cuda.set_per_process_memory_fraction(fraction, device)` | [`set_per_process_memory_fraction`]; on one allocator [`DeviceAllocator::set_per_process_memory_fraction`] |
+//! | `torch.cuda.get_per_process_memory_fraction(device)` | [`get_per_process_memory_fraction`] |
 //! | `torch.cuda.memory_summary(device, abbreviated)` | [`memory_summary`] |
 //! | `torch.cuda.memory._record_memory_history(...)` | [`memory::record_memory_history`]`(config, device)` |
 //! | `torch.cuda.memory._snapshot()` | [`memory::snapshot`] (the dict: [`export::snapshot_value`]) |
@@ -162,8 +163,8 @@ pub fn record_stream(ptr: u64, stream: Stream) -> Result<()> {
 }
 
 pub use memory::{
-    NestedStat, mem_get_info, memory_stats_as_nested_dict, memory_summary,
-    set_per_process_memory_fraction,
+    NestedStat, get_per_process_memory_fraction, mem_get_info, memory_stats_as_nested_dict,
+    memory_summary, set_per_process_memory_fraction,
 };
 
 /// The old name of [`memory::record_memory_history`] (device first).

@@ -25,6 +25,7 @@
 //! cachalot::init(cachalot::BackendKind::Mock).unwrap();
 //! memory::record_memory_history(Some(HistoryConfig::default()), None).unwrap();
 //! memory::set_per_process_memory_fraction(0.5, None).unwrap();
+//! assert_eq!(memory::get_per_process_memory_fraction(None).unwrap(), 0.5);
 //! let buf = DeviceBuffer::new(2 << 20).unwrap();
 //! let nested = memory::memory_stats_as_nested_dict(None).unwrap();
 //! assert_eq!(nested["allocated_bytes"].get_path("all.current"), Some(2 << 20));
@@ -159,6 +160,16 @@ pub fn set_per_process_memory_fraction(
     device: Option<DeviceIndex>,
 ) -> Result<(), Error> {
     global::allocator(device)?.set_per_process_memory_fraction(fraction)
+}
+
+/// `torch.cuda.get_per_process_memory_fraction`: the fraction of the
+/// device's memory its allocator may reserve (1.0 unless set by
+/// [`set_per_process_memory_fraction`] or the `per_process_memory_fraction`
+/// config key). Initializes the device's allocator.
+pub fn get_per_process_memory_fraction(device: Option<DeviceIndex>) -> Result<f64, Error> {
+    Ok(global::allocator(device)?
+        .config()
+        .per_process_memory_fraction)
 }
 
 /// `torch.cuda.memory_summary(device, abbreviated)`: the statistics table

@@ -144,7 +144,15 @@ fn accelerator_semantics_on_the_mock() {
 
     // torch.cuda.set_per_process_memory_fraction: a request above the cap
     // is an out-of-memory error; out of [0, 1] is an error that changes nothing.
+    assert_eq!(
+        cachalot::get_per_process_memory_fraction(None).unwrap(),
+        1.0
+    );
     cachalot::set_per_process_memory_fraction(0.25, None).unwrap();
+    assert_eq!(
+        memory::get_per_process_memory_fraction(Some(0)).unwrap(),
+        0.25
+    );
     let quarter = cachalot::H200_TOTAL_MEMORY / 4;
     let err = DeviceBuffer::new(quarter + (64 << 20)).unwrap_err();
     assert!(matches!(err, Error::NeverFits { .. }), "{err}");
@@ -153,6 +161,7 @@ fn accelerator_semantics_on_the_mock() {
         assert!(memory::set_per_process_memory_fraction(bad, None).is_err());
         assert!(DeviceBuffer::new(quarter + (64 << 20)).is_err(), "{bad}");
     }
+    assert_eq!(memory::get_per_process_memory_fraction(None).unwrap(), 0.25);
     memory::set_per_process_memory_fraction(1.0, Some(0)).unwrap();
     drop(DeviceBuffer::new(quarter + (64 << 20)).unwrap());
     assert!(memory::set_per_process_memory_fraction(0.5, Some(3)).is_err());
