@@ -19,6 +19,8 @@
 // replay does) and then frees the blocks still live, in id order.
 //
 // usage: torch_replay [--passes=N] [--mode=default|expandable|async] TRACE...
+//        torch_replay --parse-only TRACE...   (no GPU: reads the traces and
+//        prints trace, ops, streams, ids and live_peak)
 // Exit: 0 ok, 1 allocator/CUDA failure, 2 bad usage or trace, 3 wrong mode.
 #include "bench_common.h"
 
@@ -211,6 +213,7 @@ Report replay(const Trace& t, int passes, const std::vector<cudaStream_t>& strea
 
 int main(int argc, char** argv) {
   int passes = 5;
+  bool parse_only = false;
   const bench::Mode* mode = nullptr;
   std::vector<std::string> paths;
   for (int a = 1; a < argc; a++) {
@@ -220,8 +223,12 @@ int main(int argc, char** argv) {
     } else if (const char* v = bench::option(arg, "--mode")) {
       mode = bench::find_mode(v);
       if (mode == nullptr) die(2, std::string("--mode: '") + v + "' (want default, expandable or async)");
+    } else if (std::strcmp(arg, "--parse-only") == 0) {
+      parse_only = true;
     } else if (std::strcmp(arg, "--help") == 0 || std::strcmp(arg, "-h") == 0) {
-      std::printf("usage: %s [--passes=N] [--mode=default|expandable|async] TRACE...\n", argv[0]);
+      std::printf("usage: %s [--passes=N] [--mode=default|expandable|async] TRACE...\n"
+                  "       %s --parse-only TRACE...\n",
+                  argv[0], argv[0]);
       return 0;
     } else if (arg[0] == '-' && arg[1] == '-') {
       die(2, std::string("unknown option ") + arg);
@@ -235,6 +242,14 @@ int main(int argc, char** argv) {
   std::vector<Trace> traces;
   traces.reserve(paths.size());
   for (const std::string& p : paths) traces.push_back(load(p));
+  if (parse_only) {
+    for (size_t i = 0; i < traces.size(); i++) {
+      std::printf("{\"trace\":%s,\"ops\":%zu,\"streams\":%zu,\"ids\":%zu,\"live_peak\":%llu}\n",
+                  bench::json_str(paths[i]).c_str(), traces[i].ops.size(), traces[i].num_streams,
+                  traces[i].num_ids, static_cast<unsigned long long>(traces[i].live_peak));
+    }
+    return 0;
+  }
 
   int count = 0;
   bench::cuda_check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
