@@ -193,6 +193,28 @@ if live:
                            "over the rounds of the warm host ns per op (compare only within one run)",
                    "traces": modes_json}, f, indent=1)
 
+# PyTorch now against the figures recorded in traces/ (the same machine kind
+# gives the same bytes: they are the algorithm's, not the clock's)
+def load_json(path):
+    try:
+        return json.load(open(path)).get("traces", {})
+    except (OSError, ValueError):
+        return {}
+rec_cca, rec_modes = load_json("traces/pytorch-cca-h200.json"), load_json("traces/pytorch-modes-h200.json")
+if torch and (rec_cca or rec_modes):
+    print("\nPyTorch now / recorded in traces/pytorch-{cca,modes}-h200.json (1.0000 = the same)")
+    print("%-22s %16s %16s %16s %16s" % ("trace", "peak reserved", "device allocs", "expandable", "async"))
+    for t in sorted(torch):
+        r, m = rec_cca.get(t, {}), rec_modes.get(t, {})
+        def rel(now, then):
+            return "%.4f" % (now / then) if now is not None and then else "-"
+        cells = [rel(med(torch[t], "peak_reserved"), r.get("peak_reserved")),
+                 "%s/%s" % (torch[t][-1].get("device_allocs_all", "-"), r.get("device_allocs_all", "-"))]
+        for mode in ["expandable", "async"]:
+            e = modes_json.get(t, {}).get("%s_reserved_over_live" % mode)
+            cells.append(rel(e, m.get("%s_reserved_over_live" % mode)))
+        print("%-22s %16s %16s %16s %16s" % tuple([t] + cells))
+
 ot = group(rows("cachalot-threads.jsonl"), lambda j: j.get("threads"))
 pt_all = rows("pytorch-threads.jsonl")
 tmodes = sorted({j.get("mode", "default") for j in pt_all})
