@@ -15,7 +15,8 @@
 #    frees on its own stream; the same workload and random numbers).
 # 4. Prints the tables: speed (warm ns per op, medians over the rounds, with
 #    each round's ratio), memory per mode (peak reserved over the trace's
-#    live peak), threads (Mops/s).
+#    live peak), PyTorch's figures now over those recorded in
+#    traces/pytorch-{cca,modes}-h200.json, threads (Mops/s).
 #
 # Environment:
 #   PASSES=5        passes per trace (the first = cold, peaks and pass-1
