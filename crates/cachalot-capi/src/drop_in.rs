@@ -407,7 +407,7 @@ pub extern "C" fn cachalot_reset_accumulated_stats(device: c_int) -> c_int {
 #[unsafe(no_mangle)]
 pub extern "C" fn cachalot_set_memory_fraction(device: c_int, fraction: f64) -> c_int {
     status("cachalot_set_memory_fraction", || {
-        Ok(device_alloc(device)?.set_memory_fraction(fraction)?)
+        Ok(device_alloc(device)?.set_per_process_memory_fraction(fraction)?)
     })
 }
 
