@@ -52,6 +52,9 @@ flags=(-O2 -std=c++17 -D_GLIBCXX_USE_CXX11_ABI="$ABI" -Wall -Wextra -Wno-unused-
        -I"$here" -isystem "$T/include" "${cuda_inc[@]}")
 echo "build.sh: torch $T (ABI $ABI), CUDA headers $rt_inc $crt_inc, cudart ${cudart:-none}"
 rc=0
+# libtorch_cuda is linked (not only libc10_cuda) for its static initializers:
+# they register the real hasPrimaryContext, which backend:cudaMallocAsync calls
+# (without it: "Should never been called" from dummyHasPrimaryContext).
 for n in torch_replay torch_threads; do
   if [ "${SYNTAX_ONLY:-0}" = 1 ]; then
     "$CXX" "${flags[@]}" -fsyntax-only "$here/$n.cpp" || rc=1
@@ -62,7 +65,7 @@ for n in torch_replay torch_threads; do
     exit 3
   fi
   "$CXX" "${flags[@]}" "$here/$n.cpp" -pthread \
-    -L"$T/lib" -Wl,--no-as-needed -lc10_cuda -lc10 -Wl,--as-needed "$cudart" \
+    -L"$T/lib" -Wl,--no-as-needed -ltorch_cuda -ltorch_cpu -ltorch -lc10_cuda -lc10 -Wl,--as-needed "$cudart" \
     -Wl,-rpath,"$T/lib" -Wl,-rpath,"$(dirname "$cudart")" -o "$out/$n" || rc=1
 done
 [ $rc = 0 ] && echo "build.sh: built $([ "${SYNTAX_ONLY:-0}" = 1 ] && echo '(syntax only)') torch_replay torch_threads into $out"

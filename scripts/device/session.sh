@@ -34,6 +34,9 @@ case $PART in
     grep -E "FAILED|panicked|failed" "$L/run.txt" | head -30
     tail -40 "$L/run.txt" ;;
   torch)
+    CU=${CUDA_HOME:-/usr/local/cuda}
+    g++ -O2 -std=c++17 bench/vmm/vmm_cost.cpp -I"$CU/include" -L"$CU/lib64/stubs" -lcuda -o /tmp/vmm_cost \
+      && timeout 60 /tmp/vmm_cost >"$L/vmm_cost.txt" 2>&1; cat "$L/vmm_cost.txt"
     OUT=$L timeout ${T_TORCH:-540} python/run_gpu_suite.sh >"$L/suite.txt" 2>&1
     echo "run_gpu_suite.sh: rc=$? after $(( $(date +%s) - S )) s"
     tar czf "$OUT/logs-$PART.tgz" -C /tmp "logs-$PART"
