@@ -155,12 +155,16 @@ fn replay_human_output_is_a_table() {
     }
 }
 
+/// `--stats --json`: one JSON line per trace, its memory_stats() (PyTorch's
+/// 122 keys) inside it; without --json a line naming the trace.
 #[test]
 fn stats_prints_122_pytorch_keys() {
     let out = replay_small(&["--json", "--stats"]);
     let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines.len(), 2);
-    let v: serde_json::Value = serde_json::from_str(lines[1]).unwrap();
+    assert_eq!(lines.len(), 1, "{out}");
+    let line: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+    assert_eq!(line["trace"], "small");
+    let v = &line["memory_stats"];
     let m = v.as_object().unwrap();
     assert_eq!(m.len(), 122);
     let keys: Vec<&String> = m.keys().collect();
@@ -175,6 +179,43 @@ fn stats_prints_122_pytorch_keys() {
     assert_eq!(m["num_device_alloc"], 4);
     assert!(m.contains_key("reserved_bytes.large_pool.peak"));
     assert!(m.contains_key("oversize_segments.freed"));
+    // the cca_replay fields are all there too
+    for k in REPLAY_FIELDS {
+        assert!(line.get(k).is_some(), "{k}");
+    }
+    // several traces: one line each, each naming its trace
+    let o = run(&[
+        "replay",
+        "hit_1mib",
+        "churn_1stream",
+        "--backend",
+        "mock",
+        "--json",
+        "--stats",
+        "--passes",
+        "1",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let names: Vec<String> = stdout(&o)
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            assert_eq!(v["memory_stats"].as_object().unwrap().len(), 122);
+            v["trace"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(names, ["hit_1mib", "churn_1stream"]);
+    let text = replay_small(&["--stats"]);
+    let stats_line = text
+        .lines()
+        .find(|l| l.contains("memory_stats"))
+        .expect("a stats line");
+    assert!(
+        stats_line
+            .trim_start()
+            .starts_with("memory_stats of small: {"),
+        "{stats_line}"
+    );
 }
 
 #[test]
@@ -367,13 +408,19 @@ fn plot_writes_svg_and_png() {
     let s = std::fs::read_to_string(&svg).unwrap();
     assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
     for name in [
-        "reserved",
-        "allocated",
-        "allocated stream 1",
-        "reserved stream 0",
+        "reserved, peak ",
+        "allocated, peak ",
+        "allocated, stream 1<",
+        "reserved, stream 0<",
+        ">operation<",
+        ">memory (MiB)<",
     ] {
-        assert!(s.contains(&format!(">{name}<")), "legend {name}");
+        assert!(s.contains(name), "legend {name}");
     }
+    assert!(
+        !s.contains("GIB") && !s.contains("MIB"),
+        "upper-cased units"
+    );
     let p = std::fs::read(&png).unwrap();
     assert_eq!(&p[..8], b"\x89PNG\r\n\x1a\n");
     // IHDR: width 1200, height 600.

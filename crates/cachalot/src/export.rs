@@ -218,20 +218,36 @@ pub fn snapshot_json(snapshots: &[Snapshot]) -> String {
     snapshot_value(snapshots).to_json()
 }
 
-/// Writes the snapshot to `path`: a pickle when the name ends in `.pickle`
-/// or `.pkl`, else JSON.
-pub fn write_snapshot(path: impl AsRef<Path>, snapshots: &[Snapshot]) -> std::io::Result<()> {
-    let path = path.as_ref();
-    let pickle = matches!(
-        path.extension().and_then(|e| e.to_str()),
+/// Whether a snapshot written to `path` is a pickle: its name ends in
+/// `.pickle` or `.pkl` (else it is JSON).
+pub fn is_pickle_path(path: impl AsRef<Path>) -> bool {
+    matches!(
+        path.as_ref().extension().and_then(|e| e.to_str()),
         Some("pickle" | "pkl")
-    );
+    )
+}
+
+/// Writes the snapshot to `w`: a pickle when `pickle`, else JSON.
+pub fn write_snapshot_to(
+    w: &mut impl std::io::Write,
+    snapshots: &[Snapshot],
+    pickle: bool,
+) -> std::io::Result<()> {
     let bytes = if pickle {
         snapshot_pickle(snapshots)
     } else {
         snapshot_json(snapshots).into_bytes()
     };
-    std::fs::write(path, bytes)
+    w.write_all(&bytes)
+}
+
+/// Writes the snapshot to `path`: a pickle when the name ends in `.pickle`
+/// or `.pkl`, else JSON.
+pub fn write_snapshot(path: impl AsRef<Path>, snapshots: &[Snapshot]) -> std::io::Result<()> {
+    let path = path.as_ref();
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    write_snapshot_to(&mut f, snapshots, is_pickle_path(path))?;
+    std::io::Write::flush(&mut f)
 }
 
 #[cfg(test)]
