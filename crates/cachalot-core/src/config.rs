@@ -906,8 +906,10 @@ impl AllocatorConfig {
                         format!("{n} is not a power of 2"),
                     ));
                 }
-                return Ok((n != AllocatorConfig::default().pinned_num_register_threads)
-                    .then_some(HOST_ALLOCATOR));
+                return Ok(
+                    (n != AllocatorConfig::default().pinned_num_register_threads)
+                        .then_some(HOST_ALLOCATOR),
+                );
             }
             "pinned_use_background_threads" => {
                 return Ok(parse_bool(key, v)?.then_some(HOST_ALLOCATOR));
@@ -1236,7 +1238,9 @@ mod tests {
             // ignored, and the rest of the string still applies
             assert_eq!(
                 bare(c),
-                AllocatorConfig::parse("max_split_size_mb:100").map(bare).unwrap(),
+                AllocatorConfig::parse("max_split_size_mb:100")
+                    .map(bare)
+                    .unwrap(),
                 "{s}"
             );
             assert_eq!(w.len(), 1, "{s}: {w:?}");
@@ -1315,7 +1319,10 @@ mod tests {
             // the largest size passes the range check, and in bytes it is
             // MAX_REQUEST (the host allocator's key is then ignored)
             let (_, w) = AllocatorConfig::parse_with_warnings(&format!("{key}:{max}")).unwrap();
-            assert_eq!(w.len(), usize::from(key == "pinned_reserve_segment_size_mb"));
+            assert_eq!(
+                w.len(),
+                usize::from(key == "pinned_reserve_segment_size_mb")
+            );
         }
         let c = AllocatorConfig::parse(&format!("large_segment_size_mb:{max}")).unwrap();
         assert_eq!(c.large_segment_size, crate::engine::rounding::MAX_REQUEST);
