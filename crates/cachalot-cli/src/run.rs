@@ -463,8 +463,8 @@ fn replay_all(
     let io = CliError::output;
     for (i, (spec, trace)) in specs.iter().zip(loaded).enumerate() {
         let dev = setup.open()?;
-        let snapshot = files.get_mut(i).and_then(Option::take);
-        if snapshot.is_some() {
+        // taken once written: what is left is removed on an error
+        if files.get(i).is_some_and(Option::is_some) {
             dev.record_memory_history(Some(HistoryConfig::default()));
         }
         let bar = (std::io::stderr().is_terminal()
@@ -535,7 +535,7 @@ fn replay_all(
                 ));
             }
         }
-        if let Some((path, mut f)) = snapshot {
+        if let Some((path, mut f)) = files.get_mut(i).and_then(Option::take) {
             let pickle = cachalot::export::is_pickle_path(&path);
             cachalot::export::write_snapshot_to(&mut f, &[dev.snapshot()], pickle)
                 .and_then(|()| f.flush())

@@ -208,8 +208,10 @@ pub fn snapshot_value(snapshots: &[Snapshot]) -> Value {
     ])
 }
 
-/// The snapshot as a pickle for `torch.cuda._memory_viz` (protocol 2).
-pub fn snapshot_pickle(snapshots: &[Snapshot]) -> Vec<u8> {
+/// The snapshot as a pickle for `torch.cuda._memory_viz` (see
+/// [`crate::pickle`]; every number of a snapshot is 64-bit, so the error
+/// does not occur in practice).
+pub fn snapshot_pickle(snapshots: &[Snapshot]) -> Result<Vec<u8>, crate::pickle::PickleError> {
     snapshot_value(snapshots).to_pickle()
 }
 
@@ -234,7 +236,7 @@ pub fn write_snapshot_to(
     pickle: bool,
 ) -> std::io::Result<()> {
     let bytes = if pickle {
-        snapshot_pickle(snapshots)
+        snapshot_pickle(snapshots).map_err(std::io::Error::other)?
     } else {
         snapshot_json(snapshots).into_bytes()
     };
