@@ -97,6 +97,36 @@ pub fn dict<K: Into<String>>(items: impl IntoIterator<Item = (K, Value)>) -> Val
     )
 }
 
+/// A [`Value`] as JSON sees it: every dict key a string, integers wider
+/// than 64 bits strings (so serializing it cannot fail).
+struct Json<'a>(&'a Value);
+
+impl serde::Serialize for Json<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{SerializeMap, SerializeSeq};
+        match self.0 {
+            Value::Int(i) if i64::try_from(*i).is_err() && u64::try_from(*i).is_err() => {
+                s.serialize_str(&i.to_string())
+            }
+            Value::List(items) | Value::Tuple(items) => {
+                let mut seq = s.serialize_seq(Some(items.len()))?;
+                for v in items {
+                    seq.serialize_element(&Json(v))?;
+                }
+                seq.end()
+            }
+            Value::Dict(items) => {
+                let mut m = s.serialize_map(Some(items.len()))?;
+                for (k, v) in items {
+                    m.serialize_entry(&k.key_string(), &Json(v))?;
+                }
+                m.end()
+            }
+            other => serde::Serialize::serialize(other, s),
+        }
+    }
+}
+
 /// Why a [`Value`] could not be pickled (an integer wider than 64 bits).
 pub type PickleError = serde_pickle::Error;
 
@@ -151,10 +181,11 @@ impl Value {
         serde_pickle::to_vec(self, serde_pickle::SerOptions::new())
     }
 
-    /// The value as JSON text (tuples become arrays, dict keys strings,
+    /// The value as JSON text, dicts in insertion order (tuples become
+    /// arrays, dict keys strings, integers wider than 64 bits strings,
     /// non-finite floats `null`).
     pub fn to_json(&self) -> String {
-        self.to_json_value().to_string()
+        serde_json::to_string(&Json(self)).unwrap_or_else(|_| self.to_json_value().to_string())
     }
 
     /// The value as a [`serde_json::Value`].
@@ -252,6 +283,16 @@ mod tests {
             ("d", Value::None),
         ]);
         assert_eq!(v.to_json(), r#"{"a":[0,1],"b":"x\"y","c":null,"d":null}"#);
+        // insertion order, non-string keys and wide integers
+        let w = Value::Dict(vec![
+            (Value::from("z"), Value::Int(1 << 100)),
+            (Value::Int(7), Value::Tuple(vec![])),
+            (Value::Tuple(vec![Value::Int(1)]), Value::Bool(true)),
+        ]);
+        assert_eq!(
+            w.to_json(),
+            format!(r#"{{"z":"{}","7":[],"[1]":true}}"#, 1i128 << 100)
+        );
         let parsed: serde_json::Value = serde_json::from_str(&v.to_json()).unwrap();
         assert_eq!(parsed, v.to_json_value());
     }
