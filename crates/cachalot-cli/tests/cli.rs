@@ -1319,3 +1319,30 @@ fn plot_compare_overlays_configs() {
     }
     assert_usage_error(&run(&five), "at most 4");
 }
+
+/// The plot's labels: lower case units, axis titles, thousands separators.
+#[test]
+fn plot_labels_are_readable() {
+    let svg = tmp_dir().join("gpt2.svg");
+    let o = run(&[
+        "plot",
+        &repo_trace("gpt2_train.trace"),
+        "--backend",
+        "mock",
+        "-o",
+        svg.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let s = std::fs::read_to_string(&svg).unwrap();
+    for needle in [
+        ">2,000<",
+        ">8,000<",
+        ">memory (GiB)<",
+        ">operation<",
+        "memory over 9,489 operations",
+        "reserved, peak 7.53 GiB",
+    ] {
+        assert!(s.contains(needle), "'{needle}' not in the SVG");
+    }
+    assert!(!s.contains(">8000<"), "a tick without separators");
+}

@@ -44,6 +44,7 @@
 
 use std::env::VarError;
 use std::ffi::OsString;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::error::{ConfigError, ConfigErrorKind};
 
@@ -946,9 +947,13 @@ impl AllocatorConfig {
 /// parse in this process ignored a key (a config parsed again, e.g. by
 /// every device's allocator, does not repeat it).
 fn log_warnings(warnings: &[ConfigWarning]) {
-    use std::sync::atomic::{AtomicBool, Ordering};
     static LOGGED: AtomicBool = AtomicBool::new(false);
-    if warnings.is_empty() || LOGGED.swap(true, Ordering::Relaxed) {
+    log_warnings_once(&LOGGED, warnings);
+}
+
+/// [`log_warnings`] with its "already logged" flag.
+fn log_warnings_once(logged: &AtomicBool, warnings: &[ConfigWarning]) {
+    if warnings.is_empty() || logged.swap(true, Ordering::Relaxed) {
         return;
     }
     let list: Vec<String> = warnings.iter().map(ToString::to_string).collect();
@@ -1633,5 +1638,65 @@ mod tests {
         assert!(peak < 256, "stored {peak} bytes");
         assert!(!r.config().idle_stream_reuse);
         assert_eq!(r.config().garbage_collection_threshold, 0.1);
+    }
+
+    /// The ignored keys are logged once: a second parse with the same
+    /// keys (each device's allocator parses the environment) says nothing.
+    #[test]
+    fn ignored_keys_are_logged_once() {
+        use std::sync::Mutex;
+        use std::sync::atomic::AtomicUsize;
+        use tracing::field::{Field, Visit};
+
+        /// Counts warning events and keeps their messages.
+        #[derive(Default)]
+        struct Count {
+            events: AtomicUsize,
+            text: Mutex<String>,
+        }
+        struct Text<'a>(&'a mut String);
+        impl Visit for Text<'_> {
+            fn record_debug(&mut self, _: &Field, v: &dyn std::fmt::Debug) {
+                self.0.push_str(&format!("{v:?}"));
+            }
+        }
+        impl tracing::Subscriber for &'static Count {
+            fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+                true
+            }
+            fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+                tracing::span::Id::from_u64(1)
+            }
+            fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+            fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+            fn event(&self, e: &tracing::Event<'_>) {
+                if *e.metadata().level() == tracing::Level::WARN {
+                    self.events.fetch_add(1, Ordering::Relaxed);
+                    e.record(&mut Text(&mut self.text.lock().unwrap()));
+                }
+            }
+            fn enter(&self, _: &tracing::span::Id) {}
+            fn exit(&self, _: &tracing::span::Id) {}
+        }
+        let count: &'static Count = Box::leak(Box::default());
+        let flag = AtomicBool::new(false);
+        let (_, w) = AllocatorConfig::parse_with_warnings(
+            "backend:cudaMallocAsync,pinned_use_cuda_host_register:True",
+        )
+        .unwrap();
+        tracing::subscriber::with_default(count, || {
+            log_warnings_once(&flag, &[]);
+            assert_eq!(count.events.load(Ordering::Relaxed), 0, "nothing to say");
+            for _ in 0..3 {
+                log_warnings_once(&flag, &w);
+            }
+        });
+        assert_eq!(count.events.load(Ordering::Relaxed), 1);
+        let text = count.text.lock().unwrap().clone();
+        assert!(
+            text.contains("'backend:cudaMallocAsync' ignored")
+                && text.contains("'pinned_use_cuda_host_register:True' ignored"),
+            "{text}"
+        );
     }
 }
