@@ -251,9 +251,10 @@ pub fn fit_cmd(
         }
     } else {
         out.push_str(&format!(
-            "trace {}: smallest device it replays on ({} passes, mock device, {} steps)\n",
+            "trace {}: smallest device it replays on ({} pass{}, mock device, {} steps)\n",
             trace.name,
             passes,
+            if passes == 1 { "" } else { "es" },
             units::human(granularity)
         ));
         if !base.last_config_string.trim().is_empty() {

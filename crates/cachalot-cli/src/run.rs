@@ -206,8 +206,10 @@ fn print_report(out: &mut impl Write, r: &ReplayReport, kind: BackendKind) -> st
     };
     writeln!(
         out,
-        "trace {} ({kind} backend, {} passes)",
-        r.trace, r.passes
+        "trace {} ({kind} backend, {} pass{})",
+        r.trace,
+        r.passes,
+        if r.passes == 1 { "" } else { "es" }
     )?;
     let rows: [(&str, String); 10] = [
         ("ops per pass", units::group(r.ops as u64)),

@@ -14,7 +14,9 @@
 //! writer, and the file is 2,406,236 bytes instead of 2,306,160 (+4%:
 //! serde-pickle writes every integer under 2^31 as a 4-byte `BININT`
 //! where the old writer used 1 or 2 bytes when it could). Nothing argued
-//! for keeping hand-written code, and both load to equal Python objects. One
+//! for keeping hand-written code, and both load to equal Python objects
+//! (PyTorch 2.11's own `torch/cuda/_memory_viz.py` renders the new one:
+//! `scripts/check_memory_viz.py --viz-module`). One
 //! difference: `serde` has no integer wider than 64 bits for `serde-pickle`
 //! to write, so an [`Value::Int`] outside the `i64` and `u64` ranges is an
 //! error ([`PickleError`]) instead of a Python long; snapshots hold
