@@ -71,11 +71,13 @@ pub fn backend_kind(opts: &DeviceOpts) -> Result<BackendKind, CliError> {
 }
 
 /// Prints the config's warnings (keys of another PyTorch allocator that
-/// were ignored) to stderr, one line each.
+/// were ignored) to stderr as one line.
 pub fn print_config_warnings(warnings: &[ConfigWarning]) {
-    for w in warnings {
-        eprintln!("cachalot: warning: {w}");
+    if warnings.is_empty() {
+        return;
     }
+    let list: Vec<String> = warnings.iter().map(ToString::to_string).collect();
+    eprintln!("cachalot: warning: {}", list.join("; "));
 }
 
 /// The allocator config from `--config`, else from the environment
@@ -284,16 +286,17 @@ pub fn threads_cmd(opts: &DeviceOpts, threads: &[usize], ops: u64) -> Result<(),
     Ok(())
 }
 
-/// The replay's cca_replay fields as a JSON object.
-fn report_json(report: &ReplayReport) -> serde_json::Map<String, serde_json::Value> {
-    match serde_json::from_str(&report.to_json()) {
-        Ok(serde_json::Value::Object(m)) => m,
-        // to_json writes one object; keep the fields we know if it ever did not
-        _ => serde_json::Map::from_iter([
-            ("trace".to_string(), report.trace.clone().into()),
-            ("ops".to_string(), report.ops.into()),
-        ]),
+/// The replay's JSON line: cca_replay's fields in its order, then `extra`.
+fn report_json(report: &ReplayReport, extra: &[(&str, serde_json::Value)]) -> String {
+    let mut line = report.to_json();
+    if !extra.is_empty() && line.ends_with('}') {
+        line.pop();
+        for (k, v) in extra {
+            line.push_str(&format!(",{}:{v}", serde_json::Value::from(*k)));
+        }
+        line.push('}');
     }
+    line
 }
 
 /// `memory_stats()` as a JSON object (PyTorch's 122 flat keys, sorted).
@@ -508,15 +511,16 @@ fn replay_all(
         };
         let mut text = String::new();
         if json {
-            let mut j = report_json(&report);
+            let mut extra = Vec::new();
             if setup.sized {
-                j.insert("device_memory".into(), setup.mock_memory.into());
-                j.insert("fits".into(), true.into());
+                extra.push(("device_memory", setup.mock_memory.into()));
+                extra.push(("fits", true.into()));
             }
             if stats {
-                j.insert("memory_stats".into(), stats_json(&dev));
+                extra.push(("memory_stats", stats_json(&dev)));
             }
-            text.push_str(&format!("{}\n", serde_json::Value::Object(j)));
+            text.push_str(&report_json(&report, &extra));
+            text.push('\n');
         } else {
             let mut buf = Vec::new();
             print_report(&mut buf, &report, setup.kind).map_err(io)?;

@@ -85,6 +85,11 @@ fn replay_json_has_cca_replay_fields() {
     let out = replay_small(&["--json", "--passes", "3"]);
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 1, "{out}");
+    // cca_replay's order: the trace name first
+    assert!(
+        lines[0].starts_with("{\"trace\":\"small\",\"ops\":6,"),
+        "{out}"
+    );
     let v: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
     let obj = v.as_object().unwrap();
     let keys: Vec<&str> = obj.keys().map(String::as_str).collect();
@@ -1064,6 +1069,10 @@ fn pytorch_environments_just_work_on_every_subcommand() {
             "CACHALOT_ALLOC_CONF",
             "backend:native,pinned_num_register_threads:8",
         ),
+        (
+            "PYTORCH_HIP_ALLOC_CONF",
+            "backend:hipMallocAsync,pinned_reserve_segment_size_mb:64",
+        ),
     ] {
         for cmd in &commands {
             let o = bin().args(cmd).env(var, conf).output().unwrap();
@@ -1157,12 +1166,9 @@ fn dash_reads_standard_input() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(text.as_bytes())
-            .unwrap();
+        // (a command that refuses its arguments exits before reading: a
+        // closed pipe then is not the test's failure)
+        let _ = child.stdin.take().unwrap().write_all(text.as_bytes());
         child.wait_with_output().unwrap()
     };
     let o = piped(&[
@@ -1200,12 +1206,7 @@ fn dash_reads_standard_input() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"a 0 1 0\nzz\n")
-        .unwrap();
+    let _ = child.stdin.take().unwrap().write_all(b"a 0 1 0\nzz\n");
     let o = child.wait_with_output().unwrap();
     assert_usage_error(&o, "<stdin>:2");
 }
