@@ -42,12 +42,21 @@ fn tmp_dir() -> PathBuf {
 /// 25 MiB block on stream 1, one block left live at the end.
 fn small_trace() -> PathBuf {
     let p = tmp_dir().join("small.trace");
-    std::fs::write(
+    write_atomically(
         &p,
         "# small\na 0 3145728 0\na 1 1000 0\na 2 26214400 1\nf 0\nf 2\na 3 512 1\n",
-    )
-    .unwrap();
+    );
     p
+}
+
+/// Writes `text` to `path` through a rename, so that a test running at the
+/// same time never reads the file half written.
+fn write_atomically(path: &std::path::Path, text: &str) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let tmp = path.with_extension(format!("tmp{}", N.fetch_add(1, Ordering::Relaxed)));
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
 }
 
 fn repo_trace(name: &str) -> String {
@@ -534,7 +543,7 @@ fn closed_stdout_is_not_a_panic() {
 /// Writes `text` as the trace file `name` in the temp dir; returns its path.
 fn write_trace(name: &str, text: &str) -> String {
     let p = tmp_dir().join(name);
-    std::fs::write(&p, text).unwrap();
+    write_atomically(&p, text);
     p.to_str().unwrap().to_string()
 }
 
