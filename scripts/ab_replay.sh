@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # A/B on a GPU machine (copy into the folder `cargo xtask bench-cuda` packs, with an
-# older CLI binary in old/): the current CLI (bin/) vs old/, alternating, plus PyTorch's cca_replay
+# older CLI binary in old/): the current CLI (bin/) vs old/, alternating, plus PyTorch's torch_replay (bench/pytorch)
 cd "$(dirname "$0")"
-PASSES=5 RESULTS=$OUT/ab0 ./bench.sh > $OUT/ab_bench.txt 2>&1   # builds build/cca_replay, one full run
+PASSES=5 RESULTS=$OUT/ab0 ./bench.sh > $OUT/ab_bench.txt 2>&1   # builds build/torch_replay, one full run
 for i in 1 2; do
   for b in bin old; do
     $b/cachalot replay --backend cuda --json --passes 5 traces/*.trace | grep '^{' | sed "s/^{/{\"impl\":\"$b$i\",/" >> $OUT/ab.jsonl
   done
-  build/cca_replay --passes=5 traces/*.trace | grep '^{' | sed "s/^{/{\"impl\":\"pt$i\",/" >> $OUT/ab.jsonl
+  build/torch_replay --passes=5 traces/*.trace | grep '^{' | sed "s/^{/{\"impl\":\"pt$i\",/" >> $OUT/ab.jsonl
 done
 python3 - <<'PY'
 import json, os, collections

@@ -26,7 +26,256 @@ pub fn all<H: Harness>() -> Vec<Check<H>> {
         ("oom_is_typed", oom_is_typed::<H>),
         ("bad_pointers_are_typed", bad_pointers_are_typed::<H>),
         ("events_are_recycled", events_are_recycled::<H>),
+        (
+            "expandable_data_across_map_and_unmap",
+            expandable_data_across_map_and_unmap::<H>,
+        ),
+        (
+            "expandable_pages_move_between_streams",
+            expandable_pages_move_between_streams::<H>,
+        ),
+        (
+            "expandable_record_stream_keeps_pages",
+            expandable_record_stream_keeps_pages::<H>,
+        ),
+        (
+            "expandable_fraction_oom_releases_and_retries",
+            expandable_fraction_oom_releases_and_retries::<H>,
+        ),
+        (
+            "expandable_empty_cache_returns_every_page",
+            expandable_empty_cache_returns_every_page::<H>,
+        ),
     ]
+}
+
+/// The two expandable modes: PyTorch 2.11's and cachalot's (page recycling).
+const EXPANDABLE: [&str; 2] = [
+    "placement:pytorch,expandable_segments:True",
+    "expandable_segments:True",
+];
+
+/// An allocator with `config` when the backend has virtual memory; `None`
+/// (the check does not apply, and says so) otherwise.
+fn expandable<H: Harness>(h: &H, config: &str) -> Option<cachalot_core::CachingAllocator<H::B>> {
+    if h.backend().virtual_memory().is_none() {
+        println!(
+            "conformance[{}]: no virtual memory, expandable checks do not apply",
+            h.name()
+        );
+        return None;
+    }
+    Some(h.allocator(config))
+}
+
+/// Fills `len` bytes at `p` with `v` on `s` and, where the harness reads
+/// memory, checks them.
+fn fill_and_check<H: Harness>(
+    h: &H,
+    b: &H::B,
+    p: u64,
+    len: u64,
+    v: u8,
+    s: <H::B as Backend>::Stream,
+) {
+    h.fill(b, p, len, v, s);
+    expect_bytes(h, b, p, len, v);
+}
+
+/// Where the harness reads memory: `len` bytes at `p` all equal `v`.
+fn expect_bytes<H: Harness>(h: &H, b: &H::B, p: u64, len: u64, v: u8) {
+    match h.read(b, p, len) {
+        Some(bytes) => {
+            if let Some(at) = bytes.iter().position(|&x| x != v) {
+                panic!("{p:#x}+{at}: {} where {v} was written", bytes[at]);
+            }
+        }
+        None => assert!(!h.can_read(), "{} returned nothing", h.name()),
+    }
+}
+
+/// Expandable segments: data written into blocks reads back after other
+/// pages of the segment are unmapped (`empty_cache`) and mapped again.
+pub fn expandable_data_across_map_and_unmap<H: Harness>(h: &H) {
+    for config in EXPANDABLE {
+        let Some(a) = expandable(h, config) else {
+            return;
+        };
+        let b = a.backend();
+        let s = b.default_stream();
+        let keep = a.allocate(3 * MIB, s).expect("alloc");
+        fill_and_check(h, b, keep, 3 * MIB, 0x11, s);
+        let big = a.allocate(48 * MIB, s).expect("alloc");
+        let tail = a.allocate(5 * MIB, s).expect("alloc");
+        fill_and_check(h, b, big, 48 * MIB, 0x22, s);
+        fill_and_check(h, b, tail, 5 * MIB, 0x33, s);
+        a.free(big).expect("free");
+        a.empty_cache().expect("empty_cache"); // unmaps big's whole pages
+        check(&a);
+        expect_bytes(h, b, keep, 3 * MIB, 0x11);
+        expect_bytes(h, b, tail, 5 * MIB, 0x33);
+        let again = a.allocate(40 * MIB, s).expect("alloc after unmap");
+        fill_and_check(h, b, again, 40 * MIB, 0x44, s);
+        expect_bytes(h, b, keep, 3 * MIB, 0x11);
+        expect_bytes(h, b, tail, 5 * MIB, 0x33);
+        for p in [keep, tail, again] {
+            a.free(p).expect("free");
+        }
+        check(&a);
+    }
+}
+
+/// cachalot's expandable mode: pages freed on one stream serve another
+/// stream (reserved stays at one stream's worth), the data written through
+/// the new mapping reads back, and a live block of the first stream is
+/// untouched.
+pub fn expandable_pages_move_between_streams<H: Harness>(h: &H) {
+    let Some(a) = expandable(h, "expandable_segments:True") else {
+        return;
+    };
+    let b = a.backend();
+    let s0 = b.default_stream();
+    let side = h.new_stream(b);
+    let s1 = h.handle(&side);
+    let live = a.allocate(2 * MIB, s0).expect("alloc");
+    fill_and_check(h, b, live, 2 * MIB, 0x55, s0);
+    let p = a.allocate(64 * MIB, s0).expect("alloc");
+    fill_and_check(h, b, p, 64 * MIB, 0x66, s0);
+    a.free(p).expect("free");
+    let before = a.stats().reserved_bytes.all().current;
+    let q = a.allocate(64 * MIB, s1).expect("alloc on the other stream");
+    assert_eq!(
+        a.stats().reserved_bytes.all().current,
+        before,
+        "the freed pages served the other stream"
+    );
+    fill_and_check(h, b, q, 64 * MIB, 0x77, s1);
+    expect_bytes(h, b, live, 2 * MIB, 0x55);
+    a.free(q).expect("free");
+    a.free(live).expect("free");
+    check(&a);
+    drop(side);
+}
+
+/// Expandable segments: a block freed while a busy side stream still uses
+/// it (`record_stream`) keeps its pages: nothing allocated meanwhile
+/// overlaps it, and the side stream's writes land.
+pub fn expandable_record_stream_keeps_pages<H: Harness>(h: &H) {
+    for config in EXPANDABLE {
+        let Some(a) = expandable(h, config) else {
+            return;
+        };
+        let b = a.backend();
+        let s0 = b.default_stream();
+        let side = h.new_stream(b);
+        let s1 = h.handle(&side);
+        let other = h.new_stream(b);
+        let s2 = h.handle(&other);
+        let n = 32 * MIB;
+        let p = a.allocate(n, s0).expect("alloc");
+        h.fill(b, p, n, 0x21, s0);
+        a.record_stream(p, s1).expect("record_stream");
+        h.make_busy(b, s1);
+        h.fill(b, p, n, 0x5a, s1); // queued behind the busy work
+        a.free(p).expect("free");
+        let busy = h.is_busy(b, s1);
+        let mut got = Vec::new();
+        for s in [s0, s2, s0, s2] {
+            let q = a.allocate(n, s).expect("alloc meanwhile");
+            if busy {
+                assert!(
+                    q + n <= p || q >= p + n,
+                    "{q:#x} overlaps the pending block {p:#x}"
+                );
+            }
+            got.push(q);
+        }
+        for q in got {
+            a.free(q).expect("free");
+        }
+        h.release(b, s1);
+        check(&a);
+        drop((side, other));
+    }
+}
+
+/// Expandable segments under a memory fraction: a request that only fits
+/// once cached pages are unmapped succeeds (recycling, or the OOM ladder's
+/// release and retry), and reserved memory stays under the cap.
+pub fn expandable_fraction_oom_releases_and_retries<H: Harness>(h: &H) {
+    for config in EXPANDABLE {
+        let Some(a) = expandable(h, config) else {
+            return;
+        };
+        let b = a.backend();
+        let s0 = b.default_stream();
+        let side = h.new_stream(b);
+        let s1 = h.handle(&side);
+        let total = b.memory_info().expect("info").total;
+        let cap = 256 * MIB;
+        a.set_memory_fraction(cap as f64 / total as f64 + 1e-9)
+            .expect("fraction");
+        let p = a.allocate(160 * MIB, s0).expect("alloc");
+        a.free(p).expect("free"); // cached, mapped
+        let q = a.allocate(160 * MIB, s1).expect("fits once p's pages go");
+        fill_and_check(h, b, q, 160 * MIB, 0x3c, s1);
+        let st = a.stats();
+        let r = st.reserved_bytes.all();
+        assert!(
+            r.current as u64 <= cap,
+            "{config}: reserved {} over the cap",
+            r.current
+        );
+        match a.allocate(300 * MIB, s0) {
+            Err(Error::NeverFits { .. }) | Err(Error::OutOfMemory(_)) => {}
+            other => panic!("{config}: expected an out-of-memory error, got {other:?}"),
+        }
+        a.free(q).expect("free");
+        check(&a);
+        drop(side);
+    }
+}
+
+/// Expandable segments: once every block is freed, `empty_cache` unmaps
+/// every page and unreserves every range; the device's free memory comes
+/// back.
+pub fn expandable_empty_cache_returns_every_page<H: Harness>(h: &H) {
+    for config in EXPANDABLE {
+        let Some(a) = expandable(h, config) else {
+            return;
+        };
+        let b = a.backend();
+        let s0 = b.default_stream();
+        let side = h.new_stream(b);
+        let s1 = h.handle(&side);
+        let before = b.memory_info().expect("info").free;
+        let mut ptrs = Vec::new();
+        for (i, n) in [512u64, 3 * MIB, 70 * MIB, 700 * 1024, 33 * MIB]
+            .into_iter()
+            .enumerate()
+        {
+            let s = if i % 2 == 0 { s0 } else { s1 };
+            ptrs.push(a.allocate(n, s).expect("alloc"));
+        }
+        for p in ptrs {
+            a.free(p).expect("free");
+        }
+        a.empty_cache().expect("empty_cache");
+        let st = a.stats();
+        assert_eq!(
+            st.reserved_bytes.all().current,
+            0,
+            "{config}: every page unmapped"
+        );
+        assert_eq!(a.snapshot().segments.len(), 0, "{config}: no segment left");
+        let after = b.memory_info().expect("info").free;
+        assert!(
+            after + 16 * MIB > before,
+            "{config}: device memory came back ({before} -> {after})"
+        );
+        check(&a);
+        drop(side);
+    }
 }
 
 /// Runs every check, printing one line each, and returns (passed, failed).

@@ -151,11 +151,14 @@ fn check_alloc(
     // expandable segments map whole pages (2 MiB small, the large segment
     // size large) and may need fewer when a free block precedes them
     let need = if config.expandable_segments {
-        let page = if rounded <= MIB {
-            2 * MIB
-        } else {
-            config.large_segment_size
-        };
+        // cachalot's expandable mode (any placement but PyTorch's) maps
+        // 2 MiB pages in both pools
+        let page =
+            if rounded <= MIB || config.placement != cachalot_core::config::Placement::PyTorch {
+                2 * MIB
+            } else {
+                config.large_segment_size
+            };
         rounded.div_ceil(page) * page
     } else {
         seg

@@ -706,7 +706,7 @@ fn oversize_fit_boundaries() {
 #[test]
 fn expandable_segments_worked_example() {
     use cachalot_mock::MockCall;
-    let d = Dev::new("expandable_segments:True");
+    let d = Dev::new("placement:pytorch,expandable_segments:True");
     let s = || d.a.stats();
     let reserved = || s().reserved_bytes.all().current;
     let small = d.alloc(512);
@@ -765,7 +765,7 @@ fn expandable_segments_worked_example() {
 /// allocator with pages still mapped leaks nothing.
 #[test]
 fn expandable_segments_unmap_inward_and_drop() {
-    let d = Dev::new("expandable_segments:True");
+    let d = Dev::new("placement:pytorch,expandable_segments:True");
     let s = || d.a.stats();
     let reserved = || s().reserved_bytes.all().current;
     let a = d.alloc(30 * MIB); // pages 0-1, 10 MiB free after it
@@ -817,7 +817,7 @@ fn expandable_segments_need_virtual_memory() {
 /// grow to, so a larger block that cannot grow is the better fit.
 #[test]
 fn expandable_best_fit_counts_the_room_to_grow() {
-    let d = Dev::new("expandable_segments:True");
+    let d = Dev::new("placement:pytorch,expandable_segments:True");
     let x1 = d.alloc(4 * MIB); // page 0 mapped, 16 MiB free after x1
     let x2 = d.alloc(8 * MIB);
     let x3 = d.alloc(4 * MIB); // 4 MiB free left before the unmapped pages

@@ -1,30 +1,54 @@
 #!/usr/bin/env bash
-# Side-by-side benchmark on a GPU machine (packed by `cargo xtask bench-cuda`):
-# builds PyTorch's C++ anchors (needs PyTorch, g++ and CUDA here), then
-# replays every trace through cachalot and through PyTorch's
-# CUDACachingAllocator, printing JSON lines and a short table.
+# Side-by-side benchmark on a GPU machine (packed by `cargo xtask bench-cuda`
+# into dist/cuda/; needs PyTorch, g++ and CUDA there, no Rust, no network).
+#
+#   dist/cuda/bench.sh
+#
+# 1. Builds the repository's PyTorch harnesses (pytorch/, from
+#    bench/pytorch/ of the repository) with pytorch/build.sh: plain g++
+#    against the installed torch's headers and libc10_cuda.
+# 2. Replays every trace (traces/*.trace) in ROUNDS rounds, each round:
+#    cachalot (`bin/cachalot replay --backend cuda --json`), then PyTorch's
+#    CUDACachingAllocator (`build/torch_replay`) in each of MODES.
+# 3. The thread-scaling benchmark: `bin/cachalot threads --backend cuda` and
+#    `build/torch_threads` (T = 1, 2, 4, 8, 16; each thread allocates and
+#    frees on its own stream; the same workload and random numbers).
+# 4. Prints the tables: speed (warm ns per op, medians over the rounds, with
+#    each round's ratio), memory per mode (peak reserved over the trace's
+#    live peak), PyTorch's figures now over those recorded in
+#    traces/pytorch-{cca,modes}-h200.json, threads (Mops/s).
 #
 # Environment:
-#   PASSES=5                 passes per trace (first = cold)
-#   CACHALOT_REPLAY=...      our replay command (trace paths are appended);
-#                            default: bin/cachalot replay --backend cuda --json --passes $PASSES
-#   CACHALOT_THREADS=...     our multi-thread command;
-#                            default: bin/cachalot threads --backend cuda
-#   BENCH_BINARIES=1         also run every binary under bench/ (criterion: --bench)
-#   RESULTS=results          where the JSON lines are written
-#   WARMUP=1                 replay every trace once per allocator first, discarded
-#   ROUNDS=3                 replay rounds (ours, then PyTorch's, per round); the
-#                            table shows medians and each round's ratio
-# Our commands are expected to print one JSON line per trace with the keys of
-# cca_replay ("trace", "warm_ns_per_op", "peak_reserved", ...) and one per
-# thread count with the keys of cca_threads ("threads", "mops_per_s").
-set -u
+#   PASSES=5        passes per trace (the first = cold, peaks and pass-1
+#                   device allocations from it; warm = median of the others)
+#   ROUNDS=3        replay rounds
+#   MODES="default expandable async"
+#                   PyTorch's allocator modes to replay (PYTORCH_CUDA_ALLOC_CONF
+#                   unset, expandable_segments:True, backend:cudaMallocAsync)
+#   THREAD_MODES=default   PyTorch modes of the threads benchmark
+#   WARMUP=1        replay every trace once per allocator first, discarded
+#   THREADS=0       skip the threads benchmark (1: run it; default 1)
+#   CACHALOT_REPLAY=... our replay command (trace paths are appended);
+#                   default: bin/cachalot replay --backend cuda --json --passes $PASSES
+#   CACHALOT_THREADS=... our threads command; default: bin/cachalot threads --backend cuda
+#   BENCH_BINARIES=1  also run every binary under bench/ (criterion: --bench)
+#   RESULTS=DIR     where the JSON is written (default $OUT/results when OUT
+#                   is set, else results): cachalot-replay.jsonl,
+#                   pytorch-replay.jsonl (a "mode" field per line),
+#                   cachalot-threads.jsonl, pytorch-threads.jsonl,
+#                   pytorch-modes.json (the shape of traces/pytorch-modes-h200.json),
+#                   tables.txt
+# Exit: 0, or 1 when a harness failed to build or a run failed.
+set -u -o pipefail
 cd "$(dirname "$0")" || exit 2
 PASSES=${PASSES:-5}
-RESULTS=${RESULTS:-results}
+ROUNDS=${ROUNDS:-3}
+MODES=${MODES:-default expandable async}
+THREAD_MODES=${THREAD_MODES:-default}
+if [ -n "${OUT:-}" ]; then RESULTS=${RESULTS:-$OUT/results}; else RESULTS=${RESULTS:-results}; fi
 mkdir -p "$RESULTS" build
-: >"$RESULTS/pytorch-replay.jsonl"; : >"$RESULTS/cachalot-replay.jsonl"
-: >"$RESULTS/pytorch-threads.jsonl"; : >"$RESULTS/cachalot-threads.jsonl"
+for f in cachalot-replay pytorch-replay cachalot-threads pytorch-threads; do : >"$RESULTS/$f.jsonl"; done
+status=0
 command -v nvidia-smi >/dev/null && nvidia-smi -L
 
 if [ -f traces/synth_traces.py ] && command -v python3 >/dev/null && [ ! -f traces/hit_1mib.trace ]; then
@@ -36,61 +60,56 @@ echo "bench.sh: ${#TRACES[@]} traces"
 
 tag() { sed -u "s/^{/{\"impl\":\"$1\",/"; }
 
-# --- PyTorch's anchors -------------------------------------------------------
-T=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__))' 2>/dev/null)
-CUDA=${CUDA_HOME:-/usr/local/cuda}
-build_anchor() { # name [extra flags]
-  local n=$1; shift
-  g++ -O2 -std=c++17 "anchor/$n.cpp" -I"$T/include" -I"$CUDA/include" \
-    -L"$T/lib" -Wl,--no-as-needed -ltorch_cuda -ltorch_cpu -ltorch -lc10_cuda -lc10 \
-    -Wl,--as-needed -L"$CUDA/lib64" -lcudart \
-    -Wl,-rpath,"$T/lib" -Wl,-rpath,"$CUDA/lib64" "$@" -o "build/$n"
-}
-if [ -z "$T" ]; then
-  echo "bench.sh: PyTorch not found; PyTorch anchors skipped"
+# --- PyTorch's harnesses -----------------------------------------------------
+if [ -x pytorch/build.sh ]; then
+  pytorch/build.sh build || { echo "bench.sh: building the PyTorch harnesses failed"; status=1; }
 else
-  for n in cca_replay cca_threads; do
-    if [ -f "anchor/$n.cpp" ]; then
-      extra=(); [ "$n" = cca_threads ] && extra=(-pthread)
-      build_anchor "$n" "${extra[@]}" || echo "bench.sh: building $n failed"
-    fi
-  done
+  echo "bench.sh: pytorch/build.sh missing (not packed by cargo xtask bench-cuda?)"; status=1
 fi
 
-# --- replay ------------------------------------------------------------------
 OURS_REPLAY=${CACHALOT_REPLAY:-"bin/cachalot replay --backend cuda --json --passes $PASSES"}
 OURS_THREADS=${CACHALOT_THREADS:-"bin/cachalot threads --backend cuda"}
+have_ours() { [ -x bin/cachalot ] || [ -n "${CACHALOT_REPLAY:-}" ]; }
+have_ours || echo "bench.sh: bin/cachalot missing; our runs skipped"
+
+# --- replay ------------------------------------------------------------------
 # Warm-up, discarded: on a freshly started machine the first process to run
-# measures the machine's warm-up too (we saw 1.6x on the first replay), so
-# both allocators replay every trace once before anything is measured.
+# measures the machine's warm-up too (we saw 1.6x on the first replay).
 if [ ${#TRACES[@]} -gt 0 ] && [ "${WARMUP:-1}" = 1 ]; then
-  { [ -x bin/cachalot ] || [ -n "${CACHALOT_REPLAY:-}" ]; } && $OURS_REPLAY "${TRACES[@]}" >/dev/null 2>&1
-  [ -x build/cca_replay ] && build/cca_replay --passes=2 "${TRACES[@]}" >/dev/null 2>&1
+  have_ours && $OURS_REPLAY "${TRACES[@]}" >/dev/null 2>&1
+  [ -x build/torch_replay ] && build/torch_replay --passes=2 "${TRACES[@]}" >/dev/null 2>&1
 fi
 # ROUNDS rounds, each ours then PyTorch's: a machine's speed drifts over a
-# minute (PyTorch's own figure moved 1.5-2.2x between back-to-back runs), so
-# the table compares medians over the rounds and shows each round's ratio.
-ROUNDS=${ROUNDS:-3}
+# minute, so the table compares medians over the rounds and shows each
+# round's ratio.
 if [ ${#TRACES[@]} -gt 0 ]; then
   for round in $(seq 1 "$ROUNDS"); do
     echo "bench.sh: replay round $round of $ROUNDS"
-    if [ -x bin/cachalot ] || [ -n "${CACHALOT_REPLAY:-}" ]; then
-      $OURS_REPLAY "${TRACES[@]}" | grep --line-buffered '^{' | tag cachalot | tee -a "$RESULTS/cachalot-replay.jsonl"
-    else
-      echo "bench.sh: bin/cachalot missing; our replay skipped"
+    if have_ours; then
+      $OURS_REPLAY "${TRACES[@]}" | grep --line-buffered '^{' | tag cachalot | tee -a "$RESULTS/cachalot-replay.jsonl" \
+        || { echo "bench.sh: our replay failed"; status=1; }
     fi
-    if [ -x build/cca_replay ]; then
-      build/cca_replay --passes="$PASSES" "${TRACES[@]}" | grep --line-buffered '^{' | tag pytorch | tee -a "$RESULTS/pytorch-replay.jsonl"
+    if [ -x build/torch_replay ]; then
+      for m in $MODES; do
+          build/torch_replay --passes="$PASSES" --mode="$m" "${TRACES[@]}" | tag pytorch | tee -a "$RESULTS/pytorch-replay.jsonl" \
+          || { echo "bench.sh: torch_replay --mode=$m failed"; status=1; }
+        done
     fi
   done
 fi
 
 # --- threads -----------------------------------------------------------------
-if [ -x bin/cachalot ] || [ -n "${CACHALOT_THREADS:-}" ]; then
-  $OURS_THREADS | grep --line-buffered '^{' | tag cachalot | tee "$RESULTS/cachalot-threads.jsonl"
-fi
-if [ -x build/cca_threads ]; then
-  build/cca_threads | grep --line-buffered '^{' | tag pytorch | tee "$RESULTS/pytorch-threads.jsonl"
+if [ "${THREADS:-1}" = 1 ]; then
+  if [ -x bin/cachalot ] || [ -n "${CACHALOT_THREADS:-}" ]; then
+    $OURS_THREADS | grep --line-buffered '^{' | tag cachalot | tee -a "$RESULTS/cachalot-threads.jsonl" \
+      || { echo "bench.sh: our threads benchmark failed"; status=1; }
+  fi
+  if [ -x build/torch_threads ]; then
+    for m in $THREAD_MODES; do
+      build/torch_threads --mode="$m" | tag pytorch | tee -a "$RESULTS/pytorch-threads.jsonl" \
+        || { echo "bench.sh: torch_threads --mode=$m failed"; status=1; }
+    done
+  fi
 fi
 
 # --- bench binaries ----------------------------------------------------------
@@ -100,46 +119,115 @@ if [ "${BENCH_BINARIES:-0}" = 1 ]; then
   done
 fi
 
-# --- table -------------------------------------------------------------------
-python3 - "$RESULTS" <<'PY' || echo "bench.sh: python3 unavailable, no table"
+# --- tables ------------------------------------------------------------------
+python3 - "$RESULTS" <<'PY' | tee "$RESULTS/tables.txt" || echo "bench.sh: python3 unavailable, no table"
 import json, os, statistics, sys
 d = sys.argv[1]
-def load(name, key):
-    """key -> every JSON line with that key, in file order (one per round)."""
-    out = {}
+def rows(name):
+    out = []
     try:
         for line in open(os.path.join(d, name)):
             try:
-                j = json.loads(line)
+                out.append(json.loads(line))
             except ValueError:
-                continue
-            k = j.get(key)
-            if k is not None:
-                k = os.path.basename(str(k))
-                out.setdefault(k[:-6] if k.endswith(".trace") else k, []).append(j)
+                pass
     except OSError:
         pass
     return out
-ours, torch = load("cachalot-replay.jsonl", "trace"), load("pytorch-replay.jsonl", "trace")
-def med(rows, f):
-    v = [r[f] for r in rows if r.get(f) is not None]
+def trace_name(j):
+    k = os.path.basename(str(j.get("trace", "")))
+    return k[:-6] if k.endswith(".trace") else k
+def group(rs, key):
+    g = {}
+    for j in rs:
+        g.setdefault(key(j), []).append(j)
+    return g
+def med(rs, f):
+    v = [r[f] for r in rs if r.get(f) is not None]
     return statistics.median(v) if v else None
 def mib(v): return "-" if v is None else "%.1f" % (v / 2**20)
 def num(v, f="%.1f"): return "-" if v is None else f % v
+
+ours = group(rows("cachalot-replay.jsonl"), trace_name)
+torch_all = rows("pytorch-replay.jsonl")
+by_mode = {m: group([j for j in torch_all if j.get("mode") == m], trace_name)
+           for m in ["default", "expandable", "async"]}
+torch = by_mode["default"]
 if ours or torch:
-    print("\n%-22s %10s %10s %7s %15s %13s %13s %11s" % ("trace", "ours ns/op", "torch", "ratio", "round ratios", "ours peakMiB", "torch peakMiB", "allocs o/t"))
+    print("\nspeed: warm host ns per op, medians over the rounds (PyTorch default mode)")
+    print("%-22s %10s %10s %7s %15s %13s %13s %11s" % ("trace", "ours ns/op", "torch", "ratio", "round ratios", "ours peakMiB", "torch peakMiB", "allocs o/t"))
     for t in sorted(set(ours) | set(torch)):
         o, p = ours.get(t, []), torch.get(t, [])
         ow, pw = med(o, "warm_ns_per_op"), med(p, "warm_ns_per_op")
         rr = [a["warm_ns_per_op"] / b["warm_ns_per_op"] for a, b in zip(o, p) if b.get("warm_ns_per_op")]
         rounds = "%.2f-%.2f" % (min(rr), max(rr)) if rr else "-"
         ra = "%.2fx" % (ow / pw) if ow and pw else "-"
-        orr, prr = med(o, "peak_reserved"), med(p, "peak_reserved")
         al = "%s/%s" % (o[-1].get("device_allocs_all", "-") if o else "-", p[-1].get("device_allocs_all", "-") if p else "-")
-        print("%-22s %10s %10s %7s %15s %13s %13s %11s" % (t, num(ow), num(pw), ra, rounds, mib(orr), mib(prr), al))
-ot, pt = load("cachalot-threads.jsonl", "threads"), load("pytorch-threads.jsonl", "threads")
-if ot or pt:
-    print("\n%-8s %14s %14s" % ("threads", "ours Mops/s", "torch Mops/s"))
-    for t in sorted(set(ot) | set(pt), key=int):
-        print("%-8s %14s %14s" % (t, num(med(ot.get(t, []), "mops_per_s"), "%.3f"), num(med(pt.get(t, []), "mops_per_s"), "%.3f")))
+        print("%-22s %10s %10s %7s %15s %13s %13s %11s" % (t, num(ow), num(pw), ra, rounds,
+              mib(med(o, "peak_reserved")), mib(med(p, "peak_reserved")), al))
+
+# memory per mode: peak reserved / live peak (live peak: from torch_replay,
+# a property of the trace)
+live = {t: rs[0]["live_peak"] for g in by_mode.values() for t, rs in g.items() if rs and rs[0].get("live_peak")}
+modes_json = {}
+if live:
+    print("\nmemory: peak reserved / live peak of the trace (pass 1); warm ns per op in brackets")
+    print("%-22s %14s %18s %18s %18s" % ("trace", "ours", "torch default", "torch expandable", "torch async"))
+    for t in sorted(live):
+        cells, entry = [], {"live_peak": live[t]}
+        o = ours.get(t, [])
+        cells.append("-" if not o else "%.4f [%s]" % (med(o, "peak_reserved") / live[t], num(med(o, "warm_ns_per_op"))))
+        for m in ["default", "expandable", "async"]:
+            rs = by_mode[m].get(t, [])
+            if rs:
+                ratio = med(rs, "peak_reserved") / live[t]
+                entry["%s_reserved_over_live" % m] = round(ratio, 4)
+                entry["%s_warm_ns" % m] = round(med(rs, "warm_ns_per_op"), 1)
+                cells.append("%.4f [%s]" % (ratio, num(med(rs, "warm_ns_per_op"))))
+            else:
+                cells.append("-")
+        modes_json[t] = entry
+        print("%-22s %14s %18s %18s %18s" % tuple([t] + cells))
+    with open(os.path.join(d, "pytorch-modes.json"), "w") as f:
+        json.dump({"what": "bench.sh: PyTorch's CUDACachingAllocator (bench/pytorch/torch_replay.cpp) in three modes; "
+                           "*_reserved_over_live = peak reserved on pass 1 / the trace's live peak; *_warm_ns = median "
+                           "over the rounds of the warm host ns per op (compare only within one run)",
+                   "traces": modes_json}, f, indent=1)
+
+# PyTorch now against the figures recorded in traces/ (the same machine kind
+# gives the same bytes: they are the algorithm's, not the clock's)
+def load_json(path):
+    try:
+        return json.load(open(path)).get("traces", {})
+    except (OSError, ValueError):
+        return {}
+rec_cca, rec_modes = load_json("traces/pytorch-cca-h200.json"), load_json("traces/pytorch-modes-h200.json")
+if torch and (rec_cca or rec_modes):
+    print("\nPyTorch now / recorded in traces/pytorch-{cca,modes}-h200.json (1.0000 = the same)")
+    print("%-22s %16s %16s %16s %16s" % ("trace", "peak reserved", "device allocs", "expandable", "async"))
+    for t in sorted(torch):
+        r, m = rec_cca.get(t, {}), rec_modes.get(t, {})
+        def rel(now, then):
+            return "%.4f" % (now / then) if now is not None and then else "-"
+        cells = [rel(med(torch[t], "peak_reserved"), r.get("peak_reserved")),
+                 "%s/%s" % (torch[t][-1].get("device_allocs_all", "-"), r.get("device_allocs_all", "-"))]
+        for mode in ["expandable", "async"]:
+            e = modes_json.get(t, {}).get("%s_reserved_over_live" % mode)
+            cells.append(rel(e, m.get("%s_reserved_over_live" % mode)))
+        print("%-22s %16s %16s %16s %16s" % tuple([t] + cells))
+
+ot = group(rows("cachalot-threads.jsonl"), lambda j: j.get("threads"))
+pt_all = rows("pytorch-threads.jsonl")
+tmodes = sorted({j.get("mode", "default") for j in pt_all})
+pt = {m: group([j for j in pt_all if j.get("mode", "default") == m], lambda j: j.get("threads")) for m in tmodes}
+if ot or pt_all:
+    print("\nthreads: Mops/s (each thread allocates and frees on its own stream)")
+    print("%-8s %14s" % ("threads", "ours") + "".join(" %16s" % ("torch " + m) for m in tmodes) + "   ours/torch default")
+    for t in sorted(set(ot) | {k for g in pt.values() for k in g}, key=int):
+        o = med(ot.get(t, []), "mops_per_s")
+        cells = [med(pt[m].get(t, []), "mops_per_s") for m in tmodes]
+        pd = med(pt.get("default", {}).get(t, []), "mops_per_s")
+        print("%-8s %14s" % (t, num(o, "%.3f")) + "".join(" %16s" % num(c, "%.3f") for c in cells)
+              + "   %s" % ("%.2fx" % (o / pd) if o and pd else "-"))
 PY
+exit $status

@@ -3,7 +3,9 @@
 //! * `test-cuda`: with a usable GPU, runs the CUDA test packages and prints a
 //!   pass/fail summary; without one, builds the release test and bench
 //!   binaries and packs them into `dist/cuda/` with a `run.sh` that runs them
-//!   on a GPU machine (no Rust needed there), then runs them again under
+//!   on a GPU machine (no Rust needed there; the cudarc example
+//!   `examples/mlp-train` goes to `dist/cuda/cudarc/`, run by
+//!   `scripts/device/cudarc_example.sh`), then runs them again under
 //!   `compute-sanitizer --tool memcheck --leak-check full` (API errors the
 //!   tests provoke on purpose are listed in `sanitizer-allow.txt`).
 //!   Wherever the tests run on the hardware (here or through `run.sh`),
@@ -13,8 +15,12 @@
 //!   into `dist/hip/` and `dist/level-zero/`. Without hardware the tests still
 //!   run here first: they exercise the "library present or absent, no device"
 //!   paths and print `skipped: <reason>`.
-//! * `bench-cuda`: packs the release bench and CLI binaries, PyTorch's C++
-//!   anchors and the traces into `dist/cuda/` with a `bench.sh`.
+//! * `bench-cuda`: packs the release bench and CLI binaries, the
+//!   repository's PyTorch harnesses (`bench/pytorch/`: a trace replay and a
+//!   thread-scaling benchmark against PyTorch's own C++
+//!   `CUDACachingAllocator`, built there with g++) and the traces into
+//!   `dist/cuda/` with a `bench.sh` that builds and runs everything and
+//!   prints the tables.
 //! * `fuzz [--seconds N] [--no-asan] [target]`: builds the libFuzzer targets
 //!   of `fuzz/` with nightly and runs each (or the one named) for N seconds
 //!   (default 60), reporting executions; crash inputs land in
@@ -60,11 +66,40 @@ const CUDA_BENCH_PACKAGES: &[(&str, Option<&str>)] = &[
     ("cachalot-conformance", Some("cuda")),
 ];
 
+/// The cudarc workload (`examples/mlp-train`): `test-cuda` packs its
+/// binary and test binaries into `dist/cuda/cudarc/`, which
+/// `scripts/device/cudarc_example.sh` runs (it makes cuBLAS and NVRTC
+/// loadable first, which `run.sh` does not).
+const CUDARC_EXAMPLE: (&str, &str) = ("mlp-train", "mlp-train");
+
 /// CLI binaries packed by `bench-cuda`: (package, binary, feature).
 const CLI_BINARIES: &[(&str, &str, Option<&str>)] = &[("cachalot-cli", "cachalot", Some("cuda"))];
 
-/// The C++ anchor sources copied from `../shared/anchor` at pack time.
-const ANCHOR_SOURCES: &[&str] = &["cca_replay.cpp", "cca_threads.cpp"];
+/// The repository's PyTorch harnesses (`bench/pytorch/`), packed into
+/// `dist/cuda/pytorch/`, where `bench.sh` builds them with `build.sh`:
+/// (file name, text, executable).
+const PYTORCH_HARNESS: &[(&str, &str, bool)] = &[
+    (
+        "build.sh",
+        include_str!("../../bench/pytorch/build.sh"),
+        true,
+    ),
+    (
+        "bench_common.h",
+        include_str!("../../bench/pytorch/bench_common.h"),
+        false,
+    ),
+    (
+        "torch_replay.cpp",
+        include_str!("../../bench/pytorch/torch_replay.cpp"),
+        false,
+    ),
+    (
+        "torch_threads.cpp",
+        include_str!("../../bench/pytorch/torch_threads.cpp"),
+        false,
+    ),
+];
 
 const RUN_SH: &str = include_str!("run.sh");
 /// Driver API errors the CUDA tests provoke on purpose (run.sh's sanitizer run).
@@ -80,8 +115,8 @@ commands:
   test-hip     the same for HIP (AMD GPUs); packs into dist/hip/
   test-level-zero
                the same for Level Zero (Intel GPUs); packs into dist/level-zero/
-  bench-cuda   pack release bench/CLI binaries, the C++ anchors and traces
-               into dist/cuda/ with bench.sh
+  bench-cuda   pack release bench/CLI binaries, the PyTorch harnesses of
+               bench/pytorch/ and the traces into dist/cuda/ with bench.sh
   fuzz [--seconds N] [--no-asan] [target]
                build the libFuzzer targets of fuzz/ (nightly) and run each
                (trace, config, engine, capi) for N seconds (default 60)
@@ -396,8 +431,10 @@ fn test_cuda(opts: &Options) -> Res<bool> {
     let dist = root().join("dist").join("cuda");
     let n = pack_tests(&pkgs, &selected, &dist, opts)?;
     let nb = pack_benches(&pkgs, &dist, opts)?;
+    let ne = pack_cudarc_example(&pkgs, &dist, opts)?;
     let traces = pack_traces(&dist)?;
     write_script(&dist.join("run.sh"), RUN_SH)?;
+    println!("xtask: packed {ne} cudarc example binaries into dist/cuda/cudarc");
     fs::write(dist.join("sanitizer-allow.txt"), SANITIZER_ALLOW)
         .map_err(|e| format!("writing sanitizer-allow.txt: {e}"))?;
     println!(
@@ -543,6 +580,39 @@ fn pack_benches(pkgs: &[Package], dist: &Path, opts: &Options) -> Res<usize> {
     Ok(n)
 }
 
+/// Builds the cudarc example's release binary and test binaries into
+/// `dist/cuda/cudarc/{bin,tests}` (emptied first); returns how many.
+fn pack_cudarc_example(pkgs: &[Package], dist: &Path, opts: &Options) -> Res<usize> {
+    let (name, bin) = CUDARC_EXAMPLE;
+    let Some(pkg) = pkgs.iter().find(|p| p.name == name) else {
+        println!("xtask: package {name} not in the workspace, skipped");
+        return Ok(0);
+    };
+    let dir = dist.join("cudarc");
+    reset_dir(&dir)?;
+    let (bin_dir, tests_dir) = (dir.join("bin"), dir.join("tests"));
+    reset_dir(&bin_dir)?;
+    reset_dir(&tests_dir)?;
+    let mut n = 0;
+    let mut cmd = cargo();
+    cmd.args(["test", "--release", "--no-run", "--message-format=json"]);
+    feature_args(&mut cmd, pkg, &None);
+    for (test, exe) in built_executables(cmd, pkgs, true)? {
+        copy_binary(&exe, &tests_dir.join(&test), opts.strip)?;
+        n += 1;
+    }
+    let mut cmd = cargo();
+    cmd.args(["build", "--release", "--message-format=json", "--bin", bin]);
+    feature_args(&mut cmd, pkg, &None);
+    for (_, exe) in built_executables(cmd, pkgs, false)? {
+        if exe.file_stem().is_some_and(|s| s == bin) {
+            copy_binary(&exe, &bin_dir.join(bin), opts.strip)?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
 /// Copies `traces/` of the repository, or `../shared/traces` when the
 /// repository's holds no trace (nor `synth_traces.py`), into `dist/cuda/traces`.
 fn pack_traces(dist: &Path) -> Res<bool> {
@@ -607,23 +677,26 @@ fn bench_cuda(opts: &Options) -> Res<bool> {
         }
     }
 
-    let anchor_dir = dist.join("anchor");
-    reset_dir(&anchor_dir)?;
-    let anchor_src = root().join("..").join("shared").join("anchor");
-    let mut anchors = 0;
-    for f in ANCHOR_SOURCES {
-        let src = anchor_src.join(f);
-        if src.is_file() {
-            copy_file(&src, &anchor_dir.join(f))?;
-            anchors += 1;
+    let harness_dir = dist.join("pytorch");
+    reset_dir(&harness_dir)?;
+    // the folder of an older pack, whose sources came from outside the repository
+    let old_anchor = dist.join("anchor");
+    if old_anchor.exists() {
+        fs::remove_dir_all(&old_anchor)
+            .map_err(|e| format!("removing {}: {e}", old_anchor.display()))?;
+    }
+    for (name, text, exec) in PYTORCH_HARNESS {
+        let path = harness_dir.join(name);
+        if *exec {
+            write_script(&path, text)?;
         } else {
-            println!("xtask: {} not found, skipped", src.display());
+            fs::write(&path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
         }
     }
     let traces = pack_traces(&dist)?;
     write_script(&dist.join("bench.sh"), BENCH_SH)?;
     println!(
-        "xtask: packed {nb} bench binaries, {clis} CLI binaries, {anchors} anchor sources{} into {}",
+        "xtask: packed {nb} bench binaries, {clis} CLI binaries, the PyTorch harnesses (pytorch/){} into {}",
         if traces { " and traces/" } else { "" },
         dist.display()
     );
@@ -695,6 +768,128 @@ mod tests {
     fn scripts_are_bash() {
         assert!(RUN_SH.starts_with("#!/usr/bin/env bash"));
         assert!(BENCH_SH.starts_with("#!/usr/bin/env bash"));
+    }
+
+    /// The JSON keys written by a format string: every `\"key\":` of `text`
+    /// (escaped quotes, as in Rust and C format strings), in order.
+    fn json_keys(text: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut rest = text;
+        while let Some(i) = rest.find("\\\"") {
+            rest = &rest[i + 2..];
+            let key: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                .collect();
+            if !key.is_empty() && rest[key.len()..].starts_with("\\\":") {
+                rest = &rest[key.len() + 3..];
+                out.push(key);
+            }
+        }
+        out
+    }
+
+    /// The body of `fn name` in `src` (from its line to the next line that
+    /// closes a top-level item).
+    fn fn_body<'a>(src: &'a str, name: &str) -> &'a str {
+        let start = src.find(&format!("fn {name}")).expect(name);
+        let end = src[start..].find("\n}\n").map_or(src.len(), |e| start + e);
+        &src[start..end]
+    }
+
+    const CORE_REPLAY: &str = include_str!("../../crates/cachalot-core/src/replay.rs");
+
+    /// The PyTorch replay prints every field of `cachalot replay --json`,
+    /// first and in the same order, so that bench.sh reads both alike.
+    #[test]
+    fn torch_replay_prints_cachalots_replay_fields() {
+        let report = &CORE_REPLAY[CORE_REPLAY.find("impl ReplayReport").unwrap()..];
+        let ours = json_keys(fn_body(report, "to_json"));
+        assert_eq!(ours.first().map(String::as_str), Some("trace"));
+        assert!(ours.len() >= 9, "{ours:?}");
+        let (_, cpp, _) = PYTORCH_HARNESS
+            .iter()
+            .find(|h| h.0 == "torch_replay.cpp")
+            .unwrap();
+        // the printf of the report (not the one of --parse-only)
+        let at = cpp.find("cold_ns_per_op\\\"").unwrap();
+        let start = cpp[..at].rfind("printf(").unwrap();
+        let end = at + cpp[at..].find(");").unwrap();
+        let torch = json_keys(&cpp[start..end]);
+        assert_eq!(&torch[..ours.len()], &ours[..], "{torch:?}");
+        for k in ["mode", "live_peak", "passes"] {
+            assert!(torch.iter().any(|t| t == k), "{k}: {torch:?}");
+        }
+        // bench.sh reads the fields it tabulates
+        for k in [
+            "warm_ns_per_op",
+            "peak_reserved",
+            "device_allocs_all",
+            "live_peak",
+            "mode",
+        ] {
+            assert!(BENCH_SH.contains(&format!("\"{k}\"")), "{k}");
+        }
+    }
+
+    /// The PyTorch threads benchmark prints `cachalot threads`' fields and
+    /// runs its workload: the same random-number constants and shifts, the
+    /// same warm-up, slots and sizes.
+    #[test]
+    fn torch_threads_mirrors_cachalots_threads_bench() {
+        let (_, cpp, _) = PYTORCH_HARNESS
+            .iter()
+            .find(|h| h.0 == "torch_threads.cpp")
+            .unwrap();
+        let report = &CORE_REPLAY[CORE_REPLAY.find("impl ThreadsReport").unwrap()..];
+        let ours = json_keys(fn_body(report, "to_json"));
+        assert_eq!(ours, ["threads", "ops", "mops_per_s"]);
+        assert_eq!(&json_keys(cpp)[..3], &ours[..]);
+        let bench = fn_body(CORE_REPLAY, "threads_bench");
+        let mut constants = 0;
+        for word in bench.split(|c: char| !c.is_ascii_alphanumeric() && c != '_') {
+            if let Some(hex) = word.strip_prefix("0x") {
+                let hex = hex
+                    .replace('_', "")
+                    .trim_end_matches("u64")
+                    .to_ascii_uppercase();
+                assert!(cpp.contains(&format!("0x{hex}ull")), "constant 0x{hex}");
+                constants += 1;
+            }
+        }
+        assert!(constants >= 4, "{constants}");
+        for shift in [">> 30", ">> 27", ">> 31"] {
+            assert!(bench.contains(shift) && cpp.contains(shift), "{shift}");
+        }
+        assert!(bench.contains("run(20_000)") && cpp.contains("kWarmupOps = 20000"));
+        assert!(bench.contains("% 64") && cpp.contains("% 64"));
+        assert!(
+            bench.contains("512 << (next() % 12)") && cpp.contains("512} << (rng.next() % 12)")
+        );
+        // and the thread counts and operations of `cachalot threads`' defaults
+        let cli = include_str!("../../crates/cachalot-cli/src/main.rs");
+        assert!(cli.contains("default_value = \"1,2,4,8,16\""));
+        assert!(cli.contains("default_value_t = 200_000"));
+        assert!(cpp.contains("counts = {1, 2, 4, 8, 16}") && cpp.contains("ops = 200000"));
+    }
+
+    /// bench.sh builds the packed harnesses with the packed build.sh, which
+    /// builds both sources, and runs the binaries it builds.
+    #[test]
+    fn bench_sh_builds_and_runs_the_packed_harness() {
+        let build = PYTORCH_HARNESS.iter().find(|h| h.0 == "build.sh").unwrap();
+        assert!(build.2 && build.1.starts_with("#!/usr/bin/env bash"));
+        assert!(build.1.contains("for n in torch_replay torch_threads"));
+        assert!(BENCH_SH.contains("pytorch/build.sh build"));
+        for b in ["build/torch_replay", "build/torch_threads"] {
+            assert!(BENCH_SH.contains(b), "{b}");
+        }
+        for (name, text, _) in PYTORCH_HARNESS {
+            if name.ends_with(".cpp") {
+                assert!(text.contains("#include \"bench_common.h\""), "{name}");
+                assert!(text.contains("CUDACachingAllocator"), "{name}");
+            }
+        }
     }
 
     /// Every rule of the allow-list has run.sh's three fields, and names

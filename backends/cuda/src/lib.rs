@@ -53,6 +53,12 @@
 //! restored after the call. The backend may therefore be used from any
 //! thread.
 //!
+//! [`CudaBackend::from_cudarc`] opens the backend on a caller's
+//! `cudarc::driver::CudaContext` instead: every call is made in that
+//! context (primary or not), which the backend keeps alive and never
+//! releases. [`CudaAllocator`] (module [`interop`]) builds the caching
+//! allocator on it, with cudarc streams and typed [`Slice`] buffers.
+//!
 //! # Streams
 //!
 //! [`CudaStream`] is a copyable handle (like a file descriptor number). The
@@ -76,6 +82,10 @@ use cudarc::driver::result::DriverError;
 use cudarc::driver::sys;
 
 mod driver;
+pub mod interop;
+
+pub use cudarc;
+pub use interop::{CudaAllocator, Slice, StreamUses, View, ViewMut};
 
 /// Backend name reported in errors.
 const NAME: &str = "cuda";
@@ -352,7 +362,9 @@ impl GraphNodeKind {
     }
 }
 
-/// The retained primary context of one device; released on drop.
+/// The context of one device: the primary context this crate retained
+/// (released on drop), or a caller's `cudarc` context (kept alive, never
+/// released by this crate).
 struct Context {
     index: DeviceIndex,
     dev: sys::CUdevice,
@@ -362,6 +374,9 @@ struct Context {
     /// The minimum VMM granularity, `None` without virtual memory.
     vmm_granularity: Option<u64>,
     name: String,
+    /// The caller's context when opened with [`CudaBackend::from_cudarc`]:
+    /// held so that it outlives the backend, and not released on drop.
+    borrowed: Option<Arc<cudarc::driver::CudaContext>>,
 }
 
 /// Keeps the primary context current for the duration of one operation and
@@ -403,6 +418,10 @@ impl Context {
 
 impl Drop for Context {
     fn drop(&mut self) {
+        if self.borrowed.is_some() {
+            // The caller's context: its `CudaContext` releases it.
+            return;
+        }
         // Errors cannot be reported from drop; the driver may already be
         // shutting down at process exit.
         let _ = driver::primary_ctx_release(self.dev);
@@ -471,7 +490,7 @@ impl CudaBackend {
             && driver::missing_symbols(driver::CAPTURE_SYMBOLS).is_empty();
         let raw =
             driver::primary_ctx_retain(dev).map_err(to_backend("cuDevicePrimaryCtxRetain"))?;
-        let mut ctx = Context {
+        Ok(Self::with_context(Context {
             index: device_index,
             dev,
             ctx: raw.expose_provenance(),
@@ -479,15 +498,60 @@ impl CudaBackend {
             capture,
             vmm_granularity: None,
             name,
-        };
-        if let Ok(_b) = ctx.bind("cuMemGetAllocationGranularity") {
-            ctx.vmm_granularity = probe_vmm(dev);
+            borrowed: None,
+        }))
+    }
+
+    /// Opens the device of a caller's `cudarc` context and makes every
+    /// driver call in *that* context (primary or not): no second context is
+    /// retained or created, and `ctx` is kept alive as long as the backend.
+    ///
+    /// Errors: [`Error::NoDevice`] when the driver library cannot be loaded
+    /// (checked before any call, so this never panics),
+    /// [`Error::InvalidArgument`] for a context whose ordinal does not fit
+    /// a device index, [`Error::Backend`] when a driver call fails.
+    pub fn from_cudarc(ctx: &Arc<cudarc::driver::CudaContext>) -> Result<Self, Error> {
+        open_driver()?;
+        let index = DeviceIndex::try_from(ctx.ordinal()).map_err(|_| {
+            Error::InvalidArgument(format!("CUDA device ordinal {}", ctx.ordinal()))
+        })?;
+        let dev = ctx.cu_device();
+        let raw = ctx.cu_ctx();
+        if raw.is_null() {
+            return Err(Error::InvalidArgument(
+                "the cudarc context has no CUcontext".into(),
+            ));
         }
-        let ctx = Arc::new(ctx);
-        Ok(Self {
-            ctx,
+        let name = driver::device_name(dev).unwrap_or_default();
+        let version = driver::driver_version().map_err(to_backend("cuDriverGetVersion"))?;
+        let capture = version >= MIN_CAPTURE_DRIVER_VERSION
+            && driver::missing_symbols(driver::CAPTURE_SYMBOLS).is_empty();
+        Ok(Self::with_context(Context {
+            index,
+            dev,
+            ctx: raw.expose_provenance(),
+            driver_version: version,
+            capture,
+            vmm_granularity: None,
+            name,
+            borrowed: Some(Arc::clone(ctx)),
+        }))
+    }
+
+    fn with_context(mut ctx: Context) -> Self {
+        if let Ok(_b) = ctx.bind("cuMemGetAllocationGranularity") {
+            ctx.vmm_granularity = probe_vmm(ctx.dev);
+        }
+        Self {
+            ctx: Arc::new(ctx),
             default_stream: CudaStream::LEGACY,
-        })
+        }
+    }
+
+    /// The caller's `cudarc` context when the backend was opened with
+    /// [`CudaBackend::from_cudarc`].
+    pub fn cudarc_context(&self) -> Option<&Arc<cudarc::driver::CudaContext>> {
+        self.ctx.borrowed.as_ref()
     }
 
     /// The same backend with another default stream (e.g.
@@ -513,7 +577,8 @@ impl CudaBackend {
         self.ctx.vmm_granularity
     }
 
-    /// The raw primary context this backend retains.
+    /// The raw context this backend makes its calls in (the retained primary
+    /// context, or the caller's with [`CudaBackend::from_cudarc`]).
     pub fn raw_context(&self) -> sys::CUcontext {
         self.ctx.raw()
     }

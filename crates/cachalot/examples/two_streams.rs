@@ -49,7 +49,7 @@ fn main() -> Result<(), cachalot::Error> {
         stats["num_device_alloc"],
         stats["active.all.current"]
     );
-    print!("{}", cachalot::memory_summary(None)?);
+    print!("{}", cachalot::memory_summary(None, false)?);
 
     drop(kept);
     accelerator::empty_cache()?;

@@ -99,22 +99,12 @@ pub fn reset_accumulated_memory_stats(device: Option<DeviceIndex>) -> Result<(),
 
 /// `torch.accelerator.get_memory_info`: `(free, total)` device bytes as the
 /// driver reports them. Opens the device (initializes its allocator).
+/// `torch.cuda` calls the same function
+/// [`mem_get_info`](crate::memory::mem_get_info).
 pub fn get_memory_info(device: Option<DeviceIndex>) -> Result<(u64, u64), Error> {
-    let info = global::allocator(device)?.memory_info()?;
-    Ok((info.free, info.total))
+    crate::memory::mem_get_info(device)
 }
 
-/// `torch.cuda.memory_summary`: the statistics table of the device (all
-/// zeros when it is not initialized; initializes nothing).
-pub fn memory_summary(device: Option<DeviceIndex>, abbreviated: bool) -> Result<String, Error> {
-    let d = device.unwrap_or_else(current_device);
-    Ok(match global::try_allocator(Some(d))? {
-        Some(a) => a.memory_summary(abbreviated),
-        None => crate::summary::render(
-            &BTreeMap::new(),
-            d,
-            crate::summary::SummaryLabels::for_backend(global::backend_kind()?.as_str()),
-            abbreviated,
-        ),
-    })
-}
+/// `torch.cuda.memory_summary` (not in `torch.accelerator`; the one
+/// function of [`crate::memory`], re-exported here).
+pub use crate::memory::memory_summary;

@@ -407,6 +407,12 @@ impl DeviceAllocator {
         self.stats().to_flat()
     }
 
+    /// [`Self::memory_stats`] nested at the dots of its keys
+    /// (`torch.cuda.memory_stats_as_nested_dict`).
+    pub fn memory_stats_as_nested_dict(&self) -> BTreeMap<String, crate::memory::NestedStat> {
+        crate::memory::nest_stats(&self.memory_stats())
+    }
+
     /// Peaks := current values.
     pub fn reset_peak_memory_stats(&self) {
         dispatch!(&self.inner, e => e.alloc.reset_peak_stats())
@@ -432,9 +438,20 @@ impl DeviceAllocator {
         dispatch!(&self.inner, e => e.alloc.set_config(config))
     }
 
-    /// Caps the allocator at `fraction` of the device memory.
-    pub fn set_memory_fraction(&self, fraction: f64) -> Result<(), Error> {
+    /// `torch.cuda.set_per_process_memory_fraction` for this device: caps
+    /// the allocator at `fraction` (in `[0, 1]`, else an error and nothing
+    /// changes) of the device memory.
+    pub fn set_per_process_memory_fraction(&self, fraction: f64) -> Result<(), Error> {
         dispatch!(&self.inner, e => e.alloc.set_memory_fraction(fraction))
+    }
+
+    /// The old name of [`Self::set_per_process_memory_fraction`].
+    #[deprecated(
+        since = "0.1.0",
+        note = "use `set_per_process_memory_fraction` (torch.cuda's name)"
+    )]
+    pub fn set_memory_fraction(&self, fraction: f64) -> Result<(), Error> {
+        self.set_per_process_memory_fraction(fraction)
     }
 
     /// Registers a callback run on every out-of-memory error of this device,

@@ -2,12 +2,21 @@
 //!
 //! A caching device-memory allocator with the semantics of PyTorch's
 //! `CUDACachingAllocator`, for every accelerator. This is the crate users
-//! depend on; pick backends with cargo features (`cuda`, `hip`,
-//! `level-zero`; the simulated `mock` device is always compiled in):
+//! depend on; pick backends with cargo features. The crates are not on
+//! crates.io: depend on the repository (cargo finds the `cachalot` package
+//! in its workspace):
 //!
 //! ```toml
-//! cachalot = { version = "0.1", features = ["cuda"] }
+//! [dependencies]
+//! cachalot = { git = "https://github.com/cachalot-rs/cachalot", features = ["cuda"] }
 //! ```
+//!
+//! | feature | backend | default | adds to the build |
+//! |---|---|---|---|
+//! | `mock` | the simulated device (`cachalot-mock`) | yes | nothing: the mock is always compiled in, the feature only names it |
+//! | `cuda` | CUDA driver API (`cachalot-cuda`) | no | `cudarc`, loading `libcuda` at run time (builds without CUDA installed) |
+//! | `hip` | HIP (`cachalot-hip`) | no | loads `libamdhip64.so` at run time |
+//! | `level-zero` | Level Zero (`cachalot-level-zero`) | no | loads `libze_loader.so.1` at run time |
 //!
 //! The backend is chosen at run time ([`BackendKind::detect`]): the
 //! `CACHALOT_BACKEND` environment variable (`mock`, `cuda`, `hip`,
@@ -16,7 +25,8 @@
 //!
 //! * One global allocator per device, created on first use
 //!   ([`allocator`]); [`accelerator`] has `torch.accelerator`'s memory API
-//!   (an uninitialized device reads as an empty map / 0).
+//!   and [`memory`] `torch.cuda.memory`'s (an uninitialized device reads as
+//!   an empty map / 0).
 //! * [`DeviceBuffer`]: a safe RAII allocation (pointer, size, device,
 //!   stream) freed on drop, with [`DeviceBuffer::record_stream`];
 //!   [`raw_alloc`] / [`raw_free`] for FFI users.
@@ -25,9 +35,35 @@
 //!   whether emptying the cache would make the request fit); observers
 //!   registered with [`add_oom_observer`] run before the error returns.
 //! * Memory history and snapshots exported in PyTorch's `_snapshot()` pickle
-//!   format ([`export`]), so `python -m torch.cuda._memory_viz` opens them,
-//!   and as JSON.
+//!   format ([`memory::dump_snapshot`], [`export`]), so
+//!   `python -m torch.cuda._memory_viz` opens them, and as JSON.
 //! * [`memory_summary`]: the table `torch.cuda.memory_summary()` prints.
+//!
+//! ## PyTorch's names
+//!
+//! | PyTorch | cachalot |
+//! |---|---|
+//! | `torch.cuda.memory_stats(device)` | [`memory::memory_stats`] (= [`accelerator::memory_stats`]) |
+//! | `torch.cuda.memory_stats_as_nested_dict(device)` | [`memory_stats_as_nested_dict`] |
+//! | `torch.cuda.memory_allocated` / `max_memory_allocated` / `memory_reserved` / `max_memory_reserved` | [`memory::memory_allocated`], ... (= `accelerator::*`) |
+//! | `torch.cuda.reset_peak_memory_stats` / `reset_accumulated_memory_stats` | [`memory::reset_peak_memory_stats`], [`memory::reset_accumulated_memory_stats`] |
+//! | `torch.cuda.empty_cache()` | [`memory::empty_cache`] |
+//! | `torch.cuda.mem_get_info(device)` | [`mem_get_info`] |
+//! | `torch.accelerator.get_memory_info(device)` | [`accelerator::get_memory_info`] (the same function) |
+//! | `torch.cuda.set_per_process_memory_fraction(fraction, device)` | [`set_per_process_memory_fraction`]; on one allocator [`DeviceAllocator::set_per_process_memory_fraction`] |
+//! | `torch.cuda.get_per_process_memory_fraction(device)` | [`get_per_process_memory_fraction`] |
+//! | `torch.cuda.memory_summary(device, abbreviated)` | [`memory_summary`] |
+//! | `torch.cuda.memory._record_memory_history(...)` | [`memory::record_memory_history`]`(config, device)` |
+//! | `torch.cuda.memory._snapshot()` | [`memory::snapshot`] (the dict: [`export::snapshot_value`]) |
+//! | `torch.cuda.memory._dump_snapshot(filename)` | [`memory::dump_snapshot`] |
+//! | `torch.cuda.caching_allocator_alloc` / `caching_allocator_delete` | [`raw_alloc`], [`raw_free`] |
+//! | `Tensor.record_stream(stream)` | [`DeviceBuffer::record_stream`], [`record_stream`] |
+//!
+//! The names before these (`record_memory_history(device, config)`,
+//! `memory_snapshot()`, `dump_snapshot(path)` at the crate root,
+//! `DeviceAllocator::set_memory_fraction`) remain for one release as
+//! deprecated aliases. [`memory_summary`] has one signature everywhere,
+//! PyTorch's `(device, abbreviated)`.
 //!
 //! ```
 //! use cachalot::{accelerator, BackendKind, DeviceBuffer};
@@ -38,16 +74,19 @@
 //! a.record_stream(side).unwrap();
 //! assert_eq!(accelerator::memory_allocated(None).unwrap(), 3 << 20);
 //! drop(a);
-//! println!("{}", cachalot::memory_summary(None).unwrap());
+//! println!("{}", cachalot::memory_summary(None, false).unwrap());
 //! ```
 #![forbid(unsafe_code)]
 
 pub mod accelerator;
 mod backend;
 mod buffer;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod device;
 pub mod export;
 mod global;
+pub mod memory;
 pub mod pickle;
 pub mod summary;
 
@@ -75,9 +114,6 @@ pub use cachalot_core::replay::{
 pub use cachalot_core::{
     AllocatorConfig, ConfigError, DeviceIndex, DeviceStats, Error, MemoryInfo, OomReport, Result,
 };
-/// The CUDA backend.
-#[cfg(feature = "cuda")]
-pub use cachalot_cuda as cuda;
 /// The HIP backend.
 #[cfg(feature = "hip")]
 pub use cachalot_hip as hip;
@@ -125,31 +161,37 @@ pub fn record_stream(ptr: u64, stream: Stream) -> Result<()> {
     }
 }
 
-/// `torch.cuda.memory_summary(device)`: the statistics table.
-pub fn memory_summary(device: Option<DeviceIndex>) -> Result<String> {
-    accelerator::memory_summary(device, false)
-}
+pub use memory::{
+    NestedStat, get_per_process_memory_fraction, mem_get_info, memory_stats_as_nested_dict,
+    memory_summary, set_per_process_memory_fraction,
+};
 
-/// Turns the memory history of `device` on (`Some`) or off (`None`),
-/// initializing its allocator (PyTorch's `_record_memory_history`).
+/// The old name of [`memory::record_memory_history`] (device first).
+#[deprecated(
+    since = "0.1.0",
+    note = "use `cachalot::memory::record_memory_history(config, device)` (torch.cuda.memory._record_memory_history)"
+)]
 pub fn record_memory_history(
     device: Option<DeviceIndex>,
     config: Option<HistoryConfig>,
 ) -> Result<()> {
-    allocator(device)?.record_memory_history(config);
-    Ok(())
+    memory::record_memory_history(config, device)
 }
 
-/// Snapshots of every initialized global allocator (PyTorch's `_snapshot()`).
+/// The old name of [`memory::snapshot`].
+#[deprecated(
+    since = "0.1.0",
+    note = "use `cachalot::memory::snapshot()` (torch.cuda.memory._snapshot)"
+)]
 pub fn memory_snapshot() -> Vec<Snapshot> {
-    initialized_allocators()
-        .iter()
-        .map(|a| a.snapshot())
-        .collect()
+    memory::snapshot()
 }
 
-/// Writes [`memory_snapshot`] to `path` (PyTorch's `_dump_snapshot`): a
-/// pickle when the name ends in `.pickle` or `.pkl`, else JSON.
+/// The old name of [`memory::dump_snapshot`].
+#[deprecated(
+    since = "0.1.0",
+    note = "use `cachalot::memory::dump_snapshot(path)` (torch.cuda.memory._dump_snapshot)"
+)]
 pub fn dump_snapshot(path: impl AsRef<Path>) -> std::io::Result<()> {
-    export::write_snapshot(path, &memory_snapshot())
+    memory::dump_snapshot(path)
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use cachalot::{BackendKind, DeviceBuffer, Error, accelerator as acc};
+use cachalot::{BackendKind, DeviceBuffer, Error, accelerator as acc, memory};
 
 #[test]
 fn accelerator_semantics_on_the_mock() {
@@ -81,9 +81,27 @@ fn accelerator_semantics_on_the_mock() {
         1024
     );
 
-    let (free, total) = acc::get_memory_info(None).unwrap();
+    let (free, total) = cachalot::mem_get_info(None).unwrap();
     assert_eq!(total, cachalot::H200_TOTAL_MEMORY);
     assert!(free <= total);
+    // torch.accelerator's name for the same function
+    assert_eq!(acc::get_memory_info(None).unwrap(), (free, total));
+
+    // torch.cuda.memory_stats_as_nested_dict: the flat keys nested at their dots
+    let flat = memory::memory_stats(None).unwrap();
+    let nested = cachalot::memory_stats_as_nested_dict(None).unwrap();
+    assert_eq!(
+        nested["active_bytes"].get_path("all.freed"),
+        Some(flat["active_bytes.all.freed"])
+    );
+    assert_eq!(nested["num_ooms"].as_i64(), Some(flat["num_ooms"]));
+    let all = nested["reserved_bytes"].get("all").unwrap();
+    assert_eq!(
+        all.get_path("current"),
+        Some(flat["reserved_bytes.all.current"])
+    );
+    let dev = cachalot::allocator(None).unwrap();
+    assert_eq!(dev.memory_stats_as_nested_dict(), nested);
 
     // Streams, record_stream and raw pointers.
     let side = cachalot::new_stream(None).unwrap();
@@ -124,10 +142,35 @@ fn accelerator_semantics_on_the_mock() {
     assert!(err.to_string().contains("out of memory"), "{err}");
     assert_eq!(acc::memory_stats(None).unwrap()["num_ooms"], 1);
 
-    // Snapshot and summary of the global allocators.
-    cachalot::record_memory_history(None, Some(cachalot::HistoryConfig::default())).unwrap();
+    // torch.cuda.set_per_process_memory_fraction: a request above the cap
+    // is an out-of-memory error; out of [0, 1] is an error that changes nothing.
+    assert_eq!(
+        cachalot::get_per_process_memory_fraction(None).unwrap(),
+        1.0
+    );
+    cachalot::set_per_process_memory_fraction(0.25, None).unwrap();
+    assert_eq!(
+        memory::get_per_process_memory_fraction(Some(0)).unwrap(),
+        0.25
+    );
+    let quarter = cachalot::H200_TOTAL_MEMORY / 4;
+    let err = DeviceBuffer::new(quarter + (64 << 20)).unwrap_err();
+    assert!(matches!(err, Error::NeverFits { .. }), "{err}");
+    assert!(err.to_string().contains("allowed"), "{err}");
+    for bad in [-0.1, 1.5, f64::NAN] {
+        assert!(memory::set_per_process_memory_fraction(bad, None).is_err());
+        assert!(DeviceBuffer::new(quarter + (64 << 20)).is_err(), "{bad}");
+    }
+    assert_eq!(memory::get_per_process_memory_fraction(None).unwrap(), 0.25);
+    memory::set_per_process_memory_fraction(1.0, Some(0)).unwrap();
+    drop(DeviceBuffer::new(quarter + (64 << 20)).unwrap());
+    assert!(memory::set_per_process_memory_fraction(0.5, Some(3)).is_err());
+    acc::empty_cache().unwrap();
+
+    // Snapshot and summary of the global allocators (torch.cuda.memory).
+    memory::record_memory_history(Some(cachalot::HistoryConfig::default()), None).unwrap();
     let keep = DeviceBuffer::new(1 << 20).unwrap();
-    let snaps = cachalot::memory_snapshot();
+    let snaps = memory::snapshot();
     assert_eq!(snaps.len(), 1);
     assert!(
         snaps[0]
@@ -135,11 +178,49 @@ fn accelerator_semantics_on_the_mock() {
             .iter()
             .any(|t| t.action == cachalot::TraceAction::Alloc)
     );
-    let summary = cachalot::memory_summary(None).unwrap();
+    let summary = cachalot::memory_summary(None, false).unwrap();
+    assert_eq!(acc::memory_summary(None, false).unwrap(), summary);
+    let short = memory::memory_summary(Some(0), true).unwrap();
+    assert!(short.lines().count() < summary.lines().count());
+    assert!(!short.contains("from large pool") && summary.contains("from large pool"));
     assert!(summary.contains("memory summary, device ID 0"));
     assert!(
         summary.contains("|       1024 KiB |") || summary.contains("  1024 KiB"),
         "{summary}"
     );
+
+    // _dump_snapshot: a pickle by its name, else JSON.
+    let dir = std::env::temp_dir().join(format!("cachalot-acc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    memory::dump_snapshot(dir.join("s.pickle")).unwrap();
+    memory::dump_snapshot(dir.join("s.json")).unwrap();
+    let pickle = std::fs::read(dir.join("s.pickle")).unwrap();
+    assert_eq!(&pickle[..2], b"\x80\x02", "pickle protocol 2");
+    let json = std::fs::read_to_string(dir.join("s.json")).unwrap();
+    assert!(
+        json.starts_with('{') && json.contains("\"device_traces\""),
+        "{json:.80}"
+    );
+
+    // The deprecated names do what the new ones do.
+    #[allow(deprecated)]
+    {
+        assert_eq!(cachalot::memory_snapshot().len(), memory::snapshot().len());
+        cachalot::dump_snapshot(dir.join("old.json")).unwrap();
+        cachalot::record_memory_history(None, None).unwrap();
+        assert!(
+            memory::snapshot()[0].traces.is_empty(),
+            "history off and cleared"
+        );
+        dev.set_memory_fraction(0.25).unwrap();
+        assert!(DeviceBuffer::new(quarter + (64 << 20)).is_err());
+        dev.set_memory_fraction(1.0).unwrap();
+    }
+    assert!(
+        std::fs::read_to_string(dir.join("old.json"))
+            .unwrap()
+            .contains("\"segments\"")
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
     drop(keep);
 }

@@ -6,19 +6,86 @@
 #![forbid(unsafe_code)]
 
 use crate::backend::Backend;
+use crate::config::Placement;
 use crate::engine::block::{BState, Block, BlockId, NIL};
 use crate::engine::history::TraceAction;
+use crate::engine::pools::DEFAULT_POOL;
 use crate::engine::rounding::SMALL_BUFFER;
+use crate::engine::segments::{UnmapSync, sync_stream};
 use crate::engine::state::{Inner, Params};
 use crate::error::Error;
 
 impl<B: Backend> Inner<B> {
     /// The page size of the small or large pool's expandable segments.
     pub(super) fn expandable_page(&self, small: bool) -> u64 {
-        if small {
+        if small || self.recycles_pages() {
             SMALL_BUFFER
         } else {
             self.config.large_segment_size
+        }
+    }
+
+    /// Whether expandable segments recycle pages (cachalot's expandable
+    /// mode: every placement but `placement:pytorch`, which keeps PyTorch
+    /// 2.11's pages and growth exactly). Then both pools map 2 MiB pages, and
+    /// a segment about to grow past the peak of reserved memory first
+    /// unmaps whole free pages of any stream's expandable segments
+    /// ([`Self::recycle_pages`]), so their memory serves the new mapping.
+    pub(super) fn recycles_pages(&self) -> bool {
+        self.config.placement != Placement::PyTorch
+    }
+
+    /// Page recycling, before an expandable segment maps up to `size` new
+    /// bytes: when that would take reserved memory past its peak, unmaps
+    /// whole free pages of the default pools' expandable segments (smallest
+    /// free blocks first: they serve the fewest requests) until the excess
+    /// is covered. Each stream whose pages are unmapped is synchronized
+    /// once. Pages of private pools (graphs) are never taken.
+    pub(super) fn recycle_pages(&mut self, backend: &B, size: u64) {
+        let r = self.stats.reserved_bytes.all();
+        let (current, peak) = (r.current.max(0) as u64, r.peak.max(0) as u64);
+        let need = size.div_ceil(SMALL_BUFFER) * SMALL_BUFFER;
+        if current + need <= peak {
+            return;
+        }
+        let mut want = current + need - peak;
+        let mut cands: Vec<(u64, u64, BlockId)> = Vec::new();
+        for small in [true, false] {
+            let Some(pool) = self.pools.try_pool_mut(DEFAULT_POOL, small) else {
+                continue;
+            };
+            for e in pool.free.iter() {
+                let b = &self.blocks[e.id];
+                if b.expandable && b.event_count == 0 && b.stream_uses.is_empty() {
+                    // whole pages inside the block
+                    let lo = b.addr.div_ceil(SMALL_BUFFER) * SMALL_BUFFER;
+                    let hi = (b.addr + b.size) / SMALL_BUFFER * SMALL_BUFFER;
+                    if hi > lo {
+                        cands.push((hi - lo, b.addr, e.id));
+                    }
+                }
+            }
+        }
+        cands.sort_unstable();
+        let mut synced: Vec<B::Stream> = Vec::new();
+        for (_, _, id) in cands {
+            if want == 0 {
+                break;
+            }
+            let b = &self.blocks[id];
+            if !(b.state == BState::Free && b.expandable && b.event_count == 0) {
+                continue;
+            }
+            let stream = self.segments.expandable_at(b.addr).1.stream;
+            if !synced.contains(&stream) {
+                if let Err(err) = sync_stream(backend, stream) {
+                    tracing::debug!(%err, "synchronizing before recycling failed; pages stay mapped");
+                    continue;
+                }
+                synced.push(stream);
+            }
+            let got = self.unmap_block_with(backend, id, UnmapSync::Done);
+            want = want.saturating_sub(got);
         }
     }
 
@@ -180,14 +247,25 @@ impl<B: Backend> Inner<B> {
     /// free), merges the unmapped part with unmapped neighbours, and
     /// unreserves the segment when that leaves it one unmapped block.
     pub(super) fn unmap_block(&mut self, backend: &B, id: BlockId) {
+        let pool = self.blocks[id].pool;
+        let sync = if pool != DEFAULT_POOL {
+            UnmapSync::Device
+        } else {
+            UnmapSync::Stream
+        };
+        self.unmap_block_with(backend, id, sync);
+    }
+
+    /// [`Self::unmap_block`] with the synchronization given; returns the
+    /// bytes unmapped.
+    fn unmap_block_with(&mut self, backend: &B, id: BlockId, sync: UnmapSync) -> u64 {
         let (addr, size, stream, pool, small) = {
             let b = &self.blocks[id];
             debug_assert!(b.state == BState::Free && b.expandable);
             (b.addr, b.size, b.stream, b.pool, b.small)
         };
-        let whole_device = pool != crate::engine::pools::DEFAULT_POOL;
-        let Some((ustart, usize_)) = self.unmap_pages(backend, addr, size, whole_device) else {
-            return;
+        let Some((ustart, usize_)) = self.unmap_pages(backend, addr, size, sync) else {
+            return 0;
         };
         self.remove_free(id);
         let mut id = id;
@@ -231,6 +309,7 @@ impl<B: Backend> Inner<B> {
         if whole {
             self.release_expandable_segment(backend, id);
         }
+        usize_
     }
 
     /// Unreserves the expandable segment whose single block is unmapped

@@ -224,6 +224,31 @@ pub(crate) fn releasable<S>(b: &Block<S>) -> bool {
     !b.is_split() && !b.expandable
 }
 
+/// What [`Inner::unmap_pages`] waits for before unmapping (unmapping does
+/// not wait for pending work).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum UnmapSync {
+    /// The whole device (a private pool's pages: its graphs may run on any
+    /// stream).
+    Device,
+    /// The segment's stream: an event recorded on it and waited for.
+    Stream,
+    /// The caller has synchronized the segment's stream already.
+    Done,
+}
+
+/// Waits for the work queued on `stream` so far (an event recorded on it
+/// and waited for).
+pub(crate) fn sync_stream<B: Backend>(backend: &B, stream: B::Stream) -> Result<(), BackendError> {
+    backend.create_event().and_then(|ev| {
+        let r = backend
+            .record_event(&ev, stream)
+            .and_then(|()| backend.synchronize_event(&ev));
+        let d = backend.destroy_event(ev);
+        r.and(d)
+    })
+}
+
 impl<B: Backend> Inner<B> {
     /// Gets a new segment of `p.alloc_size` bytes from the device as one free
     /// block counted out to `p.stream` (PyTorch's `alloc_block`).
@@ -235,12 +260,17 @@ impl<B: Backend> Inner<B> {
         p: &Params<B::Stream>,
     ) -> Result<Option<BlockId>, Error> {
         let size = p.alloc_size;
+        let expandable = self.config.expandable_segments && backend.virtual_memory().is_some();
+        if expandable && self.recycles_pages() && !self.capture.is_active() {
+            // before the memory-fraction check: recycled pages make room
+            self.recycle_pages(backend, p.size);
+        }
         if let Some(max) = self.limits.allowed_max
             && self.stats.reserved_bytes.all().current as u64 + size > max
         {
             return Ok(None);
         }
-        if self.config.expandable_segments && backend.virtual_memory().is_some() {
+        if expandable {
             return self.alloc_expandable(backend, p);
         }
         let ptr = match backend.malloc(size) {
@@ -482,7 +512,7 @@ impl<B: Backend> Inner<B> {
         backend: &B,
         addr: u64,
         size: u64,
-        whole_device: bool,
+        sync: UnmapSync,
     ) -> Option<(u64, u64)> {
         let vm = backend.virtual_memory()?;
         let (index, e) = self.segments.expandable_at(addr);
@@ -495,16 +525,10 @@ impl<B: Backend> Inner<B> {
         if begin >= end || self.capture.is_active() {
             return None;
         }
-        let sync = if whole_device {
-            backend.synchronize_device()
-        } else {
-            backend.create_event().and_then(|ev| {
-                let r = backend
-                    .record_event(&ev, stream)
-                    .and_then(|()| backend.synchronize_event(&ev));
-                let d = backend.destroy_event(ev);
-                r.and(d)
-            })
+        let sync = match sync {
+            UnmapSync::Device => backend.synchronize_device(),
+            UnmapSync::Stream => sync_stream(backend, stream),
+            UnmapSync::Done => Ok(()),
         };
         if let Err(err) = sync {
             // "not now" (a capture the engine does not see, in global mode,
