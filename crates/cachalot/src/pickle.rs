@@ -4,8 +4,8 @@
 //! Only what snapshots need: `None`, `bool`, `int`, `float`, `str`,
 //! `list`, `tuple` and `dict` (insertion order kept). [`Value`] implements
 //! [`serde::Serialize`]; [`Value::to_pickle`] writes it with
-//! `serde_pickle::to_vec` (protocol 3, which `pickle.load` of every Python
-//! 3, hence `torch.cuda._memory_viz`, reads).
+//! `serde_pickle::to_vec` (protocol 2, as before, which `pickle.load` of
+//! every Python 3, hence `torch.cuda._memory_viz`, reads).
 //!
 //! This replaced a hand-written protocol-2 writer. Measured on the
 //! snapshot of `traces/gpt2_train.trace` (`cachalot replay --passes 1
@@ -180,7 +180,7 @@ impl Value {
     /// The value as a pickle (`pickle.loads` reads it). Errors only for an
     /// integer outside the 64-bit ranges.
     pub fn to_pickle(&self) -> Result<Vec<u8>, PickleError> {
-        serde_pickle::to_vec(self, serde_pickle::SerOptions::new())
+        serde_pickle::to_vec(self, serde_pickle::SerOptions::new().proto_v2())
     }
 
     /// The value as JSON text, dicts in insertion order (tuples become
