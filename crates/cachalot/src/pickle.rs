@@ -9,9 +9,10 @@
 //!
 //! This replaced a hand-written protocol-2 writer. Measured on the
 //! snapshot of `traces/gpt2_train.trace` (`cachalot replay --passes 1
-//! --snapshot gpt2.pickle`, release build, best of 7): recording the
-//! history and writing the pickle add 0.03 s to the replay with either
-//! writer, and the file is 2,406,236 bytes instead of 2,306,160 (+4%:
+//! --snapshot gpt2.pickle`, release build, best of 25 runs): recording the
+//! history and writing the pickle add 16 ms to the replay's 17 ms with
+//! either writer (32.5 ms in all with serde-pickle, 33.6 ms with the old
+//! writer), and the file is 2,406,236 bytes instead of 2,306,160 (+4%:
 //! serde-pickle writes every integer under 2^31 as a 4-byte `BININT`
 //! where the old writer used 1 or 2 bytes when it could). Nothing argued
 //! for keeping hand-written code, and both load to equal Python objects
