@@ -1,5 +1,7 @@
 """Train GPT-2 small and ResNet-50 on PyTorch's native allocator and on
-cachalot (through CUDAPluggableAllocator), each run in its own process, and
+cachalot (through the C++ shim, `cachalot_torch.install()`; `--mode
+pluggable` for the older CUDAPluggableAllocator path), each run in its own
+process, and
 compare: losses bit-identical at every step, cachalot's peak reserved <=
 native's, median step time within 2% of native (--max-ratio 1.02). Both
 the driver and the --pairs timing mode exit 1 when a check fails.
@@ -14,6 +16,11 @@ bit-reproducible), prints a table and exits 1 when a check fails:
 One run (what the driver starts): prints one line `RESULT {json}`:
 
     python3 python/train_compare.py --run gpt2 --allocator cachalot --lib ...
+
+The model `graphed` is a CUDA-graphed training step: a 6-layer MLP
+(2048 wide) through torch.cuda.make_graphed_callables, AdamW outside the
+graph; its result also has the bytes of the graph's private pools
+("graph_pool_bytes", from the snapshot), which cachalot must keep <= native's.
 
 Models: GPT-2 small (transformers GPT2Config defaults: 12 layers, 768 wide,
 random init, eager attention), batch 8 x 512 tokens; ResNet-50 (torchvision,
@@ -41,7 +48,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-MODELS = ("gpt2", "resnet50")
+MODELS = ("gpt2", "resnet50", "graphed")
 CUBLAS_CONF = ":4096:8"
 
 
@@ -99,10 +106,29 @@ def build(model: str, torch):
             return torch.nn.functional.cross_entropy(m(x), y)
 
         return m, batches, loss_fn
+    if model == "graphed":
+        layers = []
+        for _ in range(6):
+            layers += [torch.nn.Linear(2048, 2048), torch.nn.GELU()]
+        m = torch.nn.Sequential(*layers, torch.nn.Linear(2048, 1))
+        g = torch.Generator().manual_seed(1)
+        batches = [torch.randn(256, 2048, generator=g) for _ in range(4)]
+
+        def loss_fn(m, batch):
+            return m(batch).float().pow(2).mean()
+
+        return m, batches, loss_fn
     raise SystemExit(f"unknown model {model!r} (expected one of {', '.join(MODELS)})")
 
 
-def run_one(model: str, allocator: str, steps: int, lib: str | None, config: str | None) -> dict:
+def graph_pool_bytes(torch) -> int:
+    """Bytes of the segments of private pools (CUDA graphs), from the snapshot."""
+    return sum(s["total_size"] for s in torch.cuda.memory_snapshot()
+               if tuple(s.get("segment_pool_id", (0, 0))) != (0, 0))
+
+
+def run_one(model: str, allocator: str, steps: int, lib: str | None, config: str | None,
+            mode: str = "shim") -> dict:
     if os.environ.get("CUBLAS_WORKSPACE_CONFIG") != CUBLAS_CONF:
         raise SystemExit(f"set CUBLAS_WORKSPACE_CONFIG={CUBLAS_CONF} before starting Python")
     import torch
@@ -111,7 +137,7 @@ def run_one(model: str, allocator: str, steps: int, lib: str | None, config: str
         sys.path.insert(0, str(HERE))
         import cachalot_torch
 
-        cachalot_torch.install(lib, config=config)
+        cachalot_torch.install(config=config, mode=mode, lib_path=lib)
     elif allocator != "native":
         raise SystemExit(f"unknown allocator {allocator!r}")
 
@@ -126,6 +152,11 @@ def run_one(model: str, allocator: str, steps: int, lib: str | None, config: str
     m = m.to(dev)
     m.train()
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+    if model == "graphed":
+        # forward and backward of the whole MLP captured once (bf16 autocast
+        # is not used for the graphed model: fp32 throughout)
+        sample = batches[0].to(dev).requires_grad_(False)
+        m = torch.cuda.make_graphed_callables(m, (sample,))
 
     def to_dev(b):
         return tuple(t.to(dev) for t in b) if isinstance(b, tuple) else b.to(dev)
@@ -136,7 +167,7 @@ def run_one(model: str, allocator: str, steps: int, lib: str | None, config: str
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=model != "graphed"):
             loss = loss_fn(m, batch)
         loss.backward()
         opt.step()
@@ -145,12 +176,13 @@ def run_one(model: str, allocator: str, steps: int, lib: str | None, config: str
         losses.append(float(loss.detach().float().item()))
         del batch, loss
 
-    if allocator == "native":
+    if allocator == "native" or mode == "shim":
+        # in shim mode torch's own figures are cachalot's
         st = torch.cuda.memory_stats(dev)
         backend = torch.cuda.memory.get_allocator_backend()
     else:
         st = cachalot_torch.memory_stats(0)
-        backend = "cachalot:" + cachalot_torch.backend_name()
+        backend = "cachalot-pluggable:" + cachalot_torch.backend_name()
     return {
         "model": model,
         "allocator": allocator,
@@ -165,6 +197,7 @@ def run_one(model: str, allocator: str, steps: int, lib: str | None, config: str
         "peak_allocated": st["allocated_bytes.all.peak"],
         "num_device_alloc": st.get("num_device_alloc"),
         "num_alloc_retries": st.get("num_alloc_retries"),
+        "graph_pool_bytes": graph_pool_bytes(torch) if mode == "shim" or allocator == "native" else None,
     }
 
 
@@ -183,7 +216,7 @@ def smoke(lib: str | None) -> int:
     sys.path.insert(0, str(HERE))
     import cachalot_torch
 
-    cachalot_torch.install(lib)
+    cachalot_torch.install(mode="pluggable", lib_path=lib)
     c = cachalot_torch.load()
     x = torch.randn(1024, 1024, device="cuda")
     y = x @ x
@@ -223,6 +256,7 @@ def child(model: str, allocator: str, args) -> dict:
         cmd += ["--lib", args.lib]
     if args.config:
         cmd += ["--config", args.config]
+    cmd += ["--mode", args.mode]
     env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=CUBLAS_CONF, PYTHONUNBUFFERED="1")
     t0 = time.perf_counter()
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -244,7 +278,7 @@ def median_after_first(times):
 def drive(args) -> int:
     models = [m for m in args.models.split(",") if m]
     ok = True
-    rows, results = [], []
+    rows, results, graph_rows = [], [], []
     for model in models:
         runs = [child(model, a, args) for a in ("native", "native", "cachalot")]
         results += runs
@@ -269,6 +303,10 @@ def drive(args) -> int:
                   f"{median_after_first(r['step_s']) * 1e3:>15.3f}")
         rows.append((model, same_native, same_cachalot, n1["peak_reserved"], n2["peak_reserved"],
                      ca["peak_reserved"], peak_ok, native_t, ca_t, ratio, time_ok))
+        if ca.get("graph_pool_bytes") is not None and n1.get("graph_pool_bytes") is not None:
+            gp_ok = ca["graph_pool_bytes"] <= n1["graph_pool_bytes"]
+            ok &= gp_ok
+            graph_rows.append((model, n1["graph_pool_bytes"], ca["graph_pool_bytes"], gp_ok))
 
     print("\n| model | native==native | cachalot==native | peak reserved native | peak reserved cachalot "
           "| cachalot<=native | median step native (mean of 2 runs) | median step cachalot | ratio | within 2% |")
@@ -277,6 +315,11 @@ def drive(args) -> int:
         print(f"| {model} | {'yes' if sn else 'NO'} | {'yes' if sc else 'NO'} | {p1:,} / {p2:,} | {pc:,} "
               f"| {'yes' if pok else 'NO'} | {nt * 1e3:.3f} ms | {ct * 1e3:.3f} ms | {ratio:.4f} "
               f"| {'yes' if tok else 'NO'} |")
+    if graph_rows:
+        print("\n| model | graph-pool bytes native | graph-pool bytes cachalot | cachalot<=native |")
+        print("|---|---|---|---|")
+        for (model, gn, gc, gok) in graph_rows:
+            print(f"| {model} | {gn:,} | {gc:,} | {'yes' if gok else 'NO'} |")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     print("\nALL CHECKS PASSED" if ok else "\nSOME CHECK FAILED")
@@ -330,6 +373,8 @@ def main() -> int:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--lib", default=None, help="path of libcachalot_capi.so")
     ap.add_argument("--config", default=None, help="cachalot config string")
+    ap.add_argument("--mode", choices=("shim", "pluggable"), default="shim",
+                    help="how cachalot is installed (default: the C++ shim)")
     ap.add_argument("--json", default=None, help="driver: write all runs' results here")
     ap.add_argument("--pairs", type=int, default=0,
                     help="timing mode: K alternating native/cachalot process pairs per model")
@@ -339,7 +384,7 @@ def main() -> int:
     if args.smoke:
         return smoke(args.lib)
     if args.run:
-        r = run_one(args.run, args.allocator, args.steps, args.lib, args.config)
+        r = run_one(args.run, args.allocator, args.steps, args.lib, args.config, args.mode)
         print("RESULT " + json.dumps(r), flush=True)
         return 0
     if args.pairs > 0:

@@ -10,6 +10,9 @@
 //!   tests provoke on purpose are listed in `sanitizer-allow.txt`).
 //!   Wherever the tests run on the hardware (here or through `run.sh`),
 //!   `CACHALOT_REQUIRE_GPU=1` turns every "skipped: ..." into a failure.
+//!   It also packs the C ABI's cdylib (`cachalot-capi`, release, CUDA
+//!   compiled in) as `dist/cuda/lib/libcachalot_capi.so`, which the PyTorch
+//!   shim (`python/cachalot_torch/`, `python/run_gpu_suite.sh`) loads.
 //! * `test-hip`, `test-level-zero`: the same for HIP (AMD, device node
 //!   `/dev/kfd`) and Level Zero (Intel, a `/dev/dri/renderD*` node), packing
 //!   into `dist/hip/` and `dist/level-zero/`. Without hardware the tests still
@@ -431,6 +434,7 @@ fn test_cuda(opts: &Options) -> Res<bool> {
     let dist = root().join("dist").join("cuda");
     let n = pack_tests(&pkgs, &selected, &dist, opts)?;
     let nb = pack_benches(&pkgs, &dist, opts)?;
+    let capi = pack_capi(&pkgs, &dist, opts)?;
     let ne = pack_cudarc_example(&pkgs, &dist, opts)?;
     let traces = pack_traces(&dist)?;
     write_script(&dist.join("run.sh"), RUN_SH)?;
@@ -438,11 +442,66 @@ fn test_cuda(opts: &Options) -> Res<bool> {
     fs::write(dist.join("sanitizer-allow.txt"), SANITIZER_ALLOW)
         .map_err(|e| format!("writing sanitizer-allow.txt: {e}"))?;
     println!(
-        "xtask: packed {n} test binaries, {nb} bench binaries{} into {}",
+        "xtask: packed {n} test binaries, {nb} bench binaries{}{} into {}",
+        if capi {
+            ", lib/libcachalot_capi.so"
+        } else {
+            ""
+        },
         if traces { " and traces/" } else { "" },
         dist.display()
     );
-    println!("xtask: on the GPU machine run: dist/cuda/run.sh");
+    println!("xtask: on the GPU machine run: dist/cuda/run.sh (PyTorch: python/run_gpu_suite.sh)");
+    Ok(true)
+}
+
+/// Builds the C ABI's cdylib (release; `cachalot-capi` always compiles the
+/// CUDA backend in) and copies it to `dist/lib/libcachalot_capi.so` for the
+/// PyTorch shim. False when the package is not in the workspace.
+fn pack_capi(pkgs: &[Package], dist: &Path, opts: &Options) -> Res<bool> {
+    if !pkgs.iter().any(|p| p.name == "cachalot-capi") {
+        return Ok(false);
+    }
+    let mut cmd = cargo();
+    cmd.args([
+        "build",
+        "--release",
+        "--message-format=json",
+        "-p",
+        "cachalot-capi",
+        "--lib",
+    ]);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
+    let mut child = cmd.spawn().map_err(|e| format!("running cargo: {e}"))?;
+    let mut so = None;
+    if let Some(stdout) = child.stdout.take() {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let Ok(v) = serde_json::from_str::<Value>(&line) else {
+                continue;
+            };
+            if v["reason"] != "compiler-artifact" || v["target"]["name"] != "cachalot_capi" {
+                continue;
+            }
+            if let Some(files) = v["filenames"].as_array() {
+                so = files
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .find(|f| f.ends_with(".so"))
+                    .map(PathBuf::from)
+                    .or(so);
+            }
+        }
+    }
+    let status = child
+        .wait()
+        .map_err(|e| format!("waiting for cargo: {e}"))?;
+    if !status.success() {
+        return Err(format!("building cachalot-capi failed: {status}"));
+    }
+    let so = so.ok_or("cargo reported no libcachalot_capi.so")?;
+    let lib_dir = dist.join("lib");
+    reset_dir(&lib_dir)?;
+    copy_binary(&so, &lib_dir.join("libcachalot_capi.so"), opts.strip)?;
     Ok(true)
 }
 

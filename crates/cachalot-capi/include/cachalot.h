@@ -4,7 +4,8 @@
  *
  * PyTorch loads cachalot_malloc / cachalot_free through
  *   torch.cuda.memory.CUDAPluggableAllocator(path, "cachalot_malloc", "cachalot_free")
- * (see python/cachalot_torch.py).
+ * (python/cachalot_torch/, install(mode="pluggable")); the C++ shim of
+ * python/cachalot_torch/ uses the functions of the second part.
  *
  * Conventions
  *  - Functions returning int return CACHALOT_OK (0) or a positive
@@ -27,6 +28,7 @@
 #define CACHALOT_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h> /* ssize_t */
 
 #ifdef __cplusplus
@@ -112,6 +114,127 @@ int cachalot_last_error_code(void);
 /* The calling thread's last error message, NULL after a success. Valid
  * until the thread's next cachalot call. */
 const char *cachalot_last_error(void);
+
+/* ------------------------------------------------------------------------
+ * The rest of PyTorch's CUDAAllocator interface (for the C++ shim of
+ * python/cachalot_torch/; see docs/pytorch-shim.md). Pool ids are PyTorch's
+ * MempoolId_t (pool_hi, pool_lo); (0, 0) is the default pool.
+ * ------------------------------------------------------------------------ */
+
+
+/* Allocates size bytes on device for use on stream; writes the address to
+ * *out (NULL for 0 bytes). Prints nothing. On CACHALOT_ERR_OUT_OF_MEMORY /
+ * CACHALOT_ERR_NEVER_FITS the last error message is cachalot's OOM report. */
+int cachalot_alloc(size_t size, int device, cachalot_stream_t stream, void **out);
+
+/* cachalot_alloc into private pool (pool_hi, pool_lo), which must have a use
+ * (cachalot_pool_create_or_incref) and no capture recording into it
+ * (otherwise CACHALOT_ERR_CAPTURE): a torch.cuda.use_mem_pool allocation. */
+int cachalot_alloc_in_pool(size_t size, int device, cachalot_stream_t stream,
+                           uint64_t pool_hi, uint64_t pool_lo, void **out);
+
+/* Frees ptr wherever it was allocated (device_hint first, -1: no hint).
+ * NULL: no-op. Unknown: CACHALOT_ERR_INVALID_POINTER; double free:
+ * CACHALOT_ERR_DOUBLE_FREE. Prints nothing. */
+int cachalot_raw_delete(void *ptr, int device_hint);
+
+/* PyTorch's c10::CachingAllocator::Stat and DeviceStats, field for field
+ * (arrays: [all, small_pool, large_pool]). */
+typedef struct {
+  int64_t current, peak, allocated, freed;
+} cachalot_stat_t;
+
+typedef struct {
+  cachalot_stat_t allocation[3], segment[3], active[3], inactive_split[3],
+      allocated_bytes[3], reserved_bytes[3], active_bytes[3],
+      inactive_split_bytes[3], requested_bytes[3];
+  cachalot_stat_t oversize_allocations, oversize_segments;
+  int64_t num_alloc_retries, num_ooms, num_sync_all_streams, num_device_alloc,
+      num_device_free, max_split_size; /* max_split_size -1: unlimited */
+} cachalot_device_stats_t;
+
+/* Writes device's statistics (zeros for a device not yet used). out_size:
+ * sizeof(cachalot_device_stats_t); a mismatch is INVALID_ARGUMENT. */
+int cachalot_get_stats(int device, cachalot_device_stats_t *out, size_t out_size);
+
+/* Cumulative counters of device (-1: every device) := 0. */
+int cachalot_reset_accumulated_stats(int device);
+
+/* Memory fraction of device, in [0, 1] (else INVALID_ARGUMENT, no change). */
+int cachalot_set_memory_fraction(int device, double fraction);
+int cachalot_get_memory_fraction(int device, double *out);
+
+/* Free and total device bytes as the driver reports them (NULL: skipped). */
+int cachalot_mem_get_info(int device, size_t *free_bytes, size_t *total_bytes);
+
+/* PyTorch's cacheInfo: *largest := max(*largest, largest cached free block);
+ * a 0 on entry starts from the device's free bytes. */
+int cachalot_cache_info(int device, size_t *largest);
+
+/* Graph-capture pool: routes every stream capturing into the same capture as
+ * stream to pool (created, or one more use). Call before the capture begins
+ * on stream. Already recording / (0,0) / released pool: CACHALOT_ERR_CAPTURE. */
+int cachalot_pool_begin(int device, uint64_t pool_hi, uint64_t pool_lo,
+                        cachalot_stream_t stream);
+/* Stops routing to pool (after the capture ended). Not recording: CAPTURE. */
+int cachalot_pool_end(int device, uint64_t pool_hi, uint64_t pool_lo);
+/* One more use of pool, created if new (MemPool(), use_mem_pool begin). */
+int cachalot_pool_create_or_incref(int device, uint64_t pool_hi, uint64_t pool_lo);
+/* One use less; at zero the pool's free segments are released. Unknown pool
+ * or no use left: CACHALOT_ERR_CAPTURE. */
+int cachalot_pool_release(int device, uint64_t pool_hi, uint64_t pool_lo);
+/* Uses of pool (0: unknown or released). */
+int cachalot_pool_use_count(int device, uint64_t pool_hi, uint64_t pool_lo, int *out);
+/* *out := 1 when pool's allocated blocks are exactly ptrs[0..n), else 0.
+ * Unknown pool: CACHALOT_ERR_CAPTURE. */
+int cachalot_pool_check_live(int device, uint64_t pool_hi, uint64_t pool_lo,
+                             const void *const *ptrs, size_t n, int *out);
+
+/* Memory history on (keeping max_entries, clamped to 2^22; cleared when
+ * clear != 0) or off. */
+int cachalot_record_history(int device, int enabled, uint64_t max_entries, int clear);
+int cachalot_history_enabled(int device, int *out);
+
+typedef struct {
+  uint64_t address, size, requested_size;
+  int32_t state; /* 0 active_allocated, 1 active_pending_free, 2 inactive */
+  int32_t reserved;
+} cachalot_block_t;
+
+typedef struct {
+  uint64_t address, total_size, allocated_size, active_size, requested_size;
+  uint64_t stream; /* raw cudaStream_t value */
+  uint64_t pool_hi, pool_lo;
+  uint64_t first_block, num_blocks; /* blocks[first_block .. +num_blocks) */
+  int32_t device, is_small, is_expandable, reserved;
+} cachalot_segment_t;
+
+typedef struct {
+  int32_t action; /* TraceEntry::Action order: alloc 0 .. oom 8 */
+  int32_t device;
+  uint64_t addr, size, stream, time_us;
+} cachalot_trace_t;
+
+typedef struct {
+  const cachalot_segment_t *segments;
+  size_t num_segments;
+  const cachalot_block_t *blocks;
+  size_t num_blocks;
+  const cachalot_trace_t *traces;
+  size_t num_traces;
+  uint64_t max_split_size; /* UINT64_MAX: unlimited */
+  double garbage_collection_threshold;
+  int32_t expandable_segments, graph_capture_record_stream_reuse;
+  uint64_t roundup_power2_divisions[16];
+  const char *last_config;
+} cachalot_snapshot_t;
+
+/* Snapshot of device: all segments, or pool's for pool != (0,0); history
+ * entries when include_traces. Release with cachalot_snapshot_free. A device
+ * not in use yet writes NULL to *out (success; nothing is opened). */
+int cachalot_snapshot(int device, uint64_t pool_hi, uint64_t pool_lo,
+                      int include_traces, cachalot_snapshot_t **out);
+void cachalot_snapshot_free(cachalot_snapshot_t *s);
 
 #ifdef __cplusplus
 }

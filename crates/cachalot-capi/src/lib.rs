@@ -9,9 +9,11 @@
 //! torch.cuda.memory.change_current_allocator(alloc)
 //! ```
 //!
-//! (`python/cachalot_torch.py` at the repository root does this and reads the
-//! statistics through `ctypes`.) The C declarations are in
-//! `include/cachalot.h`.
+//! (`cachalot_torch.install(mode="pluggable")` of `python/cachalot_torch/`
+//! does this.) Its main user is the C++ shim of `python/cachalot_torch/`, a
+//! subclass of PyTorch's `CUDAAllocator` that forwards every method to the
+//! functions of [`drop_in`] (`cachalot_torch.install()`). The C
+//! declarations are in `include/cachalot.h`.
 //!
 //! # Conventions
 //!
@@ -62,6 +64,7 @@ use cachalot::core::config::ConfigReplay;
 use cachalot::{AllocatorConfig, BackendKind, DeviceAllocator, DeviceStats, Error, Stream};
 use parking_lot::Mutex;
 
+pub mod drop_in;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzz;
 

@@ -84,7 +84,8 @@ impl<B: Backend> Inner<B> {
                 }
                 synced.push(stream);
             }
-            let got = self.unmap_block_with(backend, id, UnmapSync::Done);
+            // the range stays reserved: the stream maps into it again soon
+            let got = self.unmap_block_with(backend, id, UnmapSync::Done, false);
             want = want.saturating_sub(got);
         }
     }
@@ -253,12 +254,19 @@ impl<B: Backend> Inner<B> {
         } else {
             UnmapSync::Stream
         };
-        self.unmap_block_with(backend, id, sync);
+        self.unmap_block_with(backend, id, sync, true);
     }
 
-    /// [`Self::unmap_block`] with the synchronization given; returns the
-    /// bytes unmapped.
-    fn unmap_block_with(&mut self, backend: &B, id: BlockId, sync: UnmapSync) -> u64 {
+    /// [`Self::unmap_block`] with the synchronization given, unreserving a
+    /// segment left wholly unmapped when `unreserve`; returns the bytes
+    /// unmapped.
+    fn unmap_block_with(
+        &mut self,
+        backend: &B,
+        id: BlockId,
+        sync: UnmapSync,
+        unreserve: bool,
+    ) -> u64 {
         let (addr, size, stream, pool, small) = {
             let b = &self.blocks[id];
             debug_assert!(b.state == BState::Free && b.expandable);
@@ -306,7 +314,7 @@ impl<B: Backend> Inner<B> {
         self.stats
             .on_unmap(crate::stats::StatType::of_pool(small), usize_);
         self.trace(TraceAction::SegmentUnmap, ustart, usize_, stream);
-        if whole {
+        if whole && unreserve {
             self.release_expandable_segment(backend, id);
         }
         usize_

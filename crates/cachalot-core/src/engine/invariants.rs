@@ -108,7 +108,7 @@ impl<B: Backend> Inner<B> {
         else {
             return Err(format!("segment {start:#x}: no expandable segment {index}"));
         };
-        if e.start != start || e.size != seg.size || e.pages.len() as u64 * e.page != e.size {
+        if e.start != start || e.size != seg.size || e.npages as u64 * e.page != e.size {
             return Err(format!("segment {start:#x}: expandable record disagrees"));
         }
         let mut prev_unmapped = false;
@@ -132,10 +132,16 @@ impl<B: Backend> Inner<B> {
                 if b.stream != e.stream {
                     return Err(format!("unmapped block {id} not of its segment's stream"));
                 }
-                if (first..=last).any(|i| e.pages[i as usize].is_some()) {
+                if e.pages
+                    .range(first as usize..=last as usize)
+                    .next()
+                    .is_some()
+                {
                     return Err(format!("unmapped block {id} has mapped pages"));
                 }
-            } else if (first..=last).any(|i| e.pages[i as usize].is_none()) {
+            } else if e.pages.range(first as usize..=last as usize).count() as u64
+                != last - first + 1
+            {
                 return Err(format!("block {id} lies on unmapped pages"));
             }
             prev_unmapped = unmapped;

@@ -35,8 +35,12 @@ pub(crate) struct Expandable<P, S> {
     pub start: u64,
     pub size: u64,
     pub page: u64,
-    /// One entry per page: the physical memory mapped there.
-    pub pages: Vec<Option<P>>,
+    /// The mapped pages by index: the physical memory mapped there (a
+    /// sparse table: a reservation spans about 1.125× the device in 2 MiB
+    /// pages, of which few are mapped at once).
+    pub pages: BTreeMap<usize, P>,
+    /// Pages in the reservation.
+    pub npages: usize,
     /// The stream it was created for (synchronized before unmapping).
     pub stream: S,
 }
@@ -44,7 +48,7 @@ pub(crate) struct Expandable<P, S> {
 impl<P, S> Expandable<P, S> {
     /// Bytes mapped.
     pub fn mapped_bytes(&self) -> u64 {
-        self.pages.iter().filter(|p| p.is_some()).count() as u64 * self.page
+        self.pages.len() as u64 * self.page
     }
 }
 
@@ -427,7 +431,8 @@ impl<B: Backend> Inner<B> {
             start,
             size,
             page,
-            pages: std::iter::repeat_with(|| None).take(pages).collect(),
+            pages: BTreeMap::new(),
+            npages: pages,
             stream,
         };
         let seq = self.segments.add_expandable(e, NIL);
@@ -494,8 +499,8 @@ impl<B: Backend> Inner<B> {
             .as_mut()
             .expect("a live expandable segment");
         for (k, h) in made.into_iter().enumerate() {
-            debug_assert!(e.pages[begin + k].is_none());
-            e.pages[begin + k] = Some(h);
+            let old = e.pages.insert(begin + k, h);
+            debug_assert!(old.is_none());
         }
         Ok(Some(bytes))
     }
@@ -548,7 +553,7 @@ impl<B: Backend> Inner<B> {
                 self.release_failures.record((end - i) as u64 * page, err);
                 break;
             }
-            let h = e.pages[i].take().expect("a mapped page");
+            let h = e.pages.remove(&i).expect("a mapped page");
             if let Err(err) = vm.release_physical(h) {
                 tracing::warn!(%err, at, "releasing a page's memory failed");
                 self.release_failures.record(page, err);
@@ -594,14 +599,12 @@ impl<B: Backend> Inner<B> {
         let expandable = std::mem::take(&mut self.segments.expandable);
         if let Some(vm) = backend.virtual_memory() {
             for e in expandable.into_iter().flatten() {
-                for (i, p) in e.pages.into_iter().enumerate() {
-                    if let Some(h) = p {
-                        keep(
-                            vm.unmap(e.start + i as u64 * e.page, e.page)
-                                .map_err(Error::from),
-                        );
-                        keep(vm.release_physical(h).map_err(Error::from));
-                    }
+                for (i, h) in e.pages {
+                    keep(
+                        vm.unmap(e.start + i as u64 * e.page, e.page)
+                            .map_err(Error::from),
+                    );
+                    keep(vm.release_physical(h).map_err(Error::from));
                 }
                 keep(vm.unreserve(e.start, e.size).map_err(Error::from));
             }

@@ -1,0 +1,217 @@
+// Runs the PyTorch shim (python/cachalot_torch/shim.cpp) inside the real
+// libc10 / libc10_cuda of a torch tree, without a GPU: cachalot on the mock
+// device (CACHALOT_TORCH_BACKEND=mock), and the three CUDA runtime calls
+// the exercised paths make (the current device, the device count, the
+// stream priority range) answered by this program (it exports them, so they take precedence over libcudart's).
+// Every call goes through torch's own entry points
+// (c10::cuda::CUDACachingAllocator::*, c10::GetAllocator), i.e. through the
+// vtable of the torch version it was built against. Prints "shim driver: ok".
+
+#include <c10/core/Allocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/util/Exception.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <unordered_set>
+
+extern "C" int cachalot_torch_install(const char*, char*, size_t);
+extern "C" int cachalot_torch_installed();
+
+// the CUDA runtime as far as these paths need it: one device, device 0
+extern "C" cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+extern "C" cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+extern "C" cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
+  *least = 0;
+  *greatest = -5;
+  return cudaSuccess;
+}
+
+namespace CCA = c10::cuda::CUDACachingAllocator;
+
+static int failures = 0;
+#define CHECK(cond)                                                   \
+  do {                                                                \
+    if (!(cond)) {                                                    \
+      std::printf("FAILED line %d: %s\n", __LINE__, #cond);          \
+      ++failures;                                                     \
+    }                                                                 \
+  } while (0)
+
+template <class E, class F>
+static bool throws(F f, const char* needle) {
+  try {
+    f();
+  } catch (const E& e) {
+    if (std::strstr(e.what(), needle)) return true;
+    std::printf("wrong message: %s\n", e.what());
+    return false;
+  } catch (const std::exception& e) {
+    std::printf("wrong exception type: %s\n", e.what());
+    return false;
+  }
+  std::printf("no exception (wanted one with '%s')\n", needle);
+  return false;
+}
+
+int main() {
+  CHECK(CCA::get()->name() == "native");
+  char err[1024] = {0};
+  int rc = cachalot_torch_install("placement:pytorch", err, sizeof err);
+  if (rc != 0) {
+    std::printf("install failed: %d %s\n", rc, err);
+    return 1;
+  }
+  CHECK(cachalot_torch_installed() == 1);
+  CHECK(cachalot_torch_install(nullptr, err, sizeof err) == 0);  // again: no-op
+  CHECK(CCA::get()->name() == "cachalot");
+  // both install routes: the atomic and the c10 registry
+  CHECK(c10::GetAllocator(c10::DeviceType::CUDA) == CCA::get());
+  CHECK(c10::getDeviceAllocator(c10::DeviceType::CUDA) == CCA::get());
+  CHECK(!CCA::get()->initialized());
+  CCA::init(1);
+  CHECK(CCA::get()->initialized());
+
+  // allocation, stats, free
+  void* p = CCA::raw_alloc_with_stream(1000, nullptr);
+  CHECK(p != nullptr);
+  auto st = CCA::getDeviceStats(0);
+  CHECK(st.allocated_bytes[0].current == 1024);
+  CHECK(st.requested_bytes[0].current == 1000);
+  CHECK(st.allocation[1].current == 1);  // small pool
+  CHECK(st.segment[0].current == 1);
+  CHECK(st.reserved_bytes[0].current == 2 << 20);
+  CHECK(st.max_split_size == -1);
+  CHECK(c10::getDeviceAllocator(c10::DeviceType::CUDA)->getDeviceStats(0).allocated_bytes[0].current == 1024);
+  void* q = CCA::raw_alloc(5 << 20);
+  size_t largest = 1;
+  CCA::cacheInfo(0, &largest);
+  CHECK(largest == 15u << 20);  // the rest of q's 20 MiB segment
+  CCA::raw_delete(q);
+  CCA::raw_delete(p);
+  CHECK(throws<c10::Error>([&] { CCA::raw_delete(p); }, "double free"));
+  CHECK(throws<c10::Error>([&] { CCA::raw_delete(reinterpret_cast<void*>(0x1234)); }, "invalid device pointer"));
+  CHECK(CCA::getDeviceStats(0).allocated_bytes[0].current == 0);
+  CCA::resetPeakStats(0);
+  CHECK(CCA::getDeviceStats(0).allocated_bytes[0].peak == 0);
+  CCA::resetAccumulatedStats(0);
+  CHECK(CCA::getDeviceStats(0).num_device_alloc == 0);
+  CCA::emptyCache();
+  CHECK(CCA::getDeviceStats(0).reserved_bytes[0].current == 0);
+  auto info = c10::getDeviceAllocator(c10::DeviceType::CUDA)->getMemoryInfo(0);
+  CHECK(info.second > 0 && info.first <= info.second);
+
+  // the allocator interface (DataPtr, deleter)
+  c10::Allocator* a = c10::GetAllocator(c10::DeviceType::CUDA);
+  {
+    c10::DataPtr d = a->allocate(4096);
+    CHECK(d.get() != nullptr && d.get() == d.get_context());
+    CHECK(d.get_deleter() == a->raw_deleter());
+    CHECK(d.device().type() == c10::DeviceType::CUDA);
+    CHECK(CCA::getDeviceStats(0).allocated_bytes[0].current == 4096);
+  }
+  CHECK(CCA::getDeviceStats(0).allocated_bytes[0].current == 0);
+
+  // out of memory: the typed error with cachalot's report; observers first
+  int observed = 0;
+  CCA::attachOutOfMemoryObserver([&](int64_t dev, size_t size, size_t, size_t) {
+    if (dev == 0 && size >= (size_t(1) << 50)) ++observed;
+  });
+  CHECK(throws<c10::OutOfMemoryError>([&] { CCA::raw_alloc(size_t(1) << 50); }, "Tried to allocate"));
+  CHECK(throws<c10::OutOfMemoryError>([&] { CCA::raw_alloc(size_t(1) << 50); }, "Largest free block"));
+  CHECK(observed == 2);
+  CHECK(CCA::getDeviceStats(0).num_ooms == 2);
+
+  // memory fraction
+  CCA::setMemoryFraction(0.25, 0);
+  CHECK(CCA::getMemoryFraction(0) == 0.25);
+  CHECK(throws<c10::Error>([&] { CCA::setMemoryFraction(1.5, 0); }, "outside"));
+  CHECK(CCA::getMemoryFraction(0) == 0.25);
+  CCA::setMemoryFraction(1.0, 0);
+
+  // MemPool-style pool: create, route with a context filter, counts, release
+  c10::MempoolId_t pool{0, 4242};
+  CCA::createOrIncrefPool(0, pool);
+  CHECK(CCA::getPoolUseCount(0, pool) == 1);
+  CCA::beginAllocateToPool(0, pool, [](cudaStream_t) { return true; });
+  CHECK(CCA::getPoolUseCount(0, pool) == 2);
+  CHECK(throws<c10::Error>([&] { CCA::beginAllocateToPool(0, pool, [](cudaStream_t) { return true; }); },
+                           "already recording"));
+  void* in_pool = CCA::raw_alloc(3 << 20);
+  CCA::endAllocateToPool(0, pool);
+  CCA::releasePool(0, pool);
+  CHECK(CCA::getPoolUseCount(0, pool) == 1);
+  void* outside = CCA::raw_alloc(3 << 20);
+  auto snap = CCA::snapshot(pool, true);
+  CHECK(snap.segments.size() == 1);
+  CHECK(snap.segments.size() == 1 && snap.segments[0].owner_private_pool_id == pool);
+  CHECK(snap.segments.size() == 1 && snap.segments[0].address == reinterpret_cast<size_t>(in_pool));
+  CHECK(CCA::checkPoolLiveAllocations(0, pool, {in_pool}));
+  CHECK(!CCA::checkPoolLiveAllocations(0, pool, {}));
+  CHECK(!CCA::checkPoolLiveAllocations(0, pool, {in_pool, outside}));
+  CHECK(throws<c10::Error>([&] { CCA::checkPoolLiveAllocations(0, {0, 999999}, {}); }, "no mempool"));
+  CCA::raw_delete(in_pool);
+  CCA::raw_delete(outside);
+  CCA::releasePool(0, pool);
+  CHECK(CCA::getPoolUseCount(0, pool) == 0);
+  CHECK(throws<c10::Error>([&] { CCA::releasePool(0, pool); }, "mempool"));
+  CCA::emptyCache();
+  CHECK(CCA::snapshot(pool, false).segments.empty());
+
+  // a capture-kind registration (filter false before the capture begins)
+  c10::MempoolId_t gpool{0, 4343};
+  CCA::beginAllocateToPool(0, gpool, [](cudaStream_t) { return false; });
+  CHECK(CCA::getPoolUseCount(0, gpool) == 1);
+  CCA::endAllocateToPool(0, gpool);
+  CHECK(throws<c10::Error>([&] { CCA::endAllocateToPool(0, gpool); }, "not currently recording"));
+  CCA::releasePool(0, gpool);
+
+  // history and snapshot
+  CCA::recordHistory(true, nullptr, 1000, CCA::RecordContext::ALL, true, {});
+  CHECK(CCA::isHistoryEnabled());
+  void* h = CCA::raw_alloc(700);
+  CCA::raw_delete(h);
+  auto full = CCA::snapshot({0, 0}, true);
+  CHECK(full.device_traces.size() == 1);
+  bool saw_alloc = false, saw_free = false;
+  for (const auto& te : full.device_traces[0]) {
+    if (te.action_ == c10::CachingDeviceAllocator::TraceEntry::ALLOC && te.addr_ == reinterpret_cast<size_t>(h))
+      saw_alloc = true;
+    if (te.action_ == c10::CachingDeviceAllocator::TraceEntry::FREE_COMPLETED) saw_free = true;
+  }
+  CHECK(saw_alloc && saw_free);
+  CHECK(full.config_metadata.roundup_power2_divisions.size() == 16);
+  CHECK(full.config_metadata.last_allocator_settings.find("placement:pytorch") != std::string::npos);
+  for (const auto& seg : full.segments) {
+    size_t sum = 0;
+    for (const auto& b : seg.blocks) sum += b.size;
+    CHECK(sum == seg.total_size);
+  }
+  CCA::recordHistory(false, nullptr, 0, CCA::RecordContext::NEVER, false, {});
+  CHECK(!CCA::isHistoryEnabled());
+
+  // what cachalot does not do: NotImplementedError naming it
+  CHECK(throws<c10::NotImplementedError>([&] { CCA::shareIpcHandle(nullptr); }, "CUDA IPC"));
+  CHECK(throws<c10::NotImplementedError>([&] { CCA::getIpcDevPtr("x"); }, "CUDA IPC"));
+  CHECK(throws<c10::NotImplementedError>([&] { CCA::enable(false); }, "caching_allocator_enable"));
+  CHECK(CCA::isEnabled());
+  CHECK(throws<c10::NotImplementedError>([&] { CCA::setNoSplit(0, {0, 1}); }, "no_split"));
+  CHECK(throws<c10::NotImplementedError>([&] { CCA::setUseOnOOM(0, {0, 1}, true); }, "use_on_oom"));
+  CCA::setUseOnOOM(0, {0, 1}, false);  // the default: fine
+  auto state = CCA::getCheckpointState(0, {0, 1});
+  CHECK(state != nullptr);
+  CHECK(throws<c10::NotImplementedError>([&] { CCA::setCheckpointPoolState(0, state); }, "checkpoint"));
+  CHECK(throws<c10::NotImplementedError>([&] { CCA::attachAllocatorTraceTracker({}); }, "trace tracker"));
+
+  if (failures == 0) std::printf("shim driver: ok\n");
+  return failures == 0 ? 0 : 1;
+}

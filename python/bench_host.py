@@ -1,0 +1,120 @@
+"""Host cost of the allocator under PyTorch: a tight `torch.empty` + `del`
+loop at 512 B, 1 MiB and 64 MiB, and a mixed-size loop that replaces one of
+many live tensors per iteration, for the native allocator, cachalot through
+the C++ shim, and cachalot through CUDAPluggableAllocator. Every
+measurement is its own process; the allocators alternate (the order
+rotates each repetition), --reps repetitions each; the table gives the
+median and the spread (min..max) of ns per alloc+free pair over processes,
+and the shim's and the pluggable path's difference to native.
+
+    python3 python/bench_host.py [--reps 5] [--modes native,shim,pluggable] [--json out.json]
+
+Child (what the driver starts): `--child MODE` prints `RESULT {json}`.
+Nothing synchronizes inside the loops: this is host time per pair, the
+figure an eager training step pays per tensor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CASES = ("512B", "1MiB", "64MiB", "mixed")
+SIZES = {"512B": 512, "1MiB": 1 << 20, "64MiB": 64 << 20}
+
+
+def child(mode: str, iters: int) -> dict:
+    import torch
+
+    if mode != "native":
+        sys.path.insert(0, str(HERE))
+        import cachalot_torch
+
+        cachalot_torch.install(mode=mode)
+    dev = torch.device("cuda", 0)
+    torch.empty(1, device=dev)
+    out = {"mode": mode, "backend": torch.cuda.memory.get_allocator_backend()}
+    for case in CASES:
+        if case == "mixed":
+            rng = random.Random(5)
+            sizes = [rng.choice([512, 4096, 65536, 1 << 20, 3 << 20, 12 << 20, 40 << 20]) for _ in range(4096)]
+            live = [torch.empty(s, dtype=torch.uint8, device=dev) for s in sizes[:500]]
+            slots = [rng.randrange(500) for _ in range(iters)]
+
+            def loop(n):
+                for i in range(n):
+                    live[slots[i]] = torch.empty(sizes[i & 4095], dtype=torch.uint8, device=dev)
+        else:
+            size = SIZES[case]
+
+            def loop(n):
+                for _ in range(n):
+                    x = torch.empty(size, dtype=torch.uint8, device=dev)
+                    del x
+        loop(min(iters, 2000))  # warm the cache
+        best = []
+        for _ in range(3):
+            t0 = time.perf_counter_ns()
+            loop(iters)
+            best.append((time.perf_counter_ns() - t0) / iters)
+        out[case] = statistics.median(best)
+        if case == "mixed":
+            del live
+        torch.cuda.synchronize()
+    return out
+
+
+def run_child(mode: str, iters: int) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", mode, "--iters", str(iters)]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    sys.stderr.write(p.stdout[-3000:] + p.stderr[-6000:])
+    raise RuntimeError(f"{mode}: no RESULT (exit {p.returncode})")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--child", default=None, help="one measurement process of this mode")
+    ap.add_argument("--iters", type=int, default=20000)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--modes", default="native,shim,pluggable")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    if args.child:
+        print("RESULT " + json.dumps(child(args.child, args.iters)), flush=True)
+        return 0
+    modes = [m for m in args.modes.split(",") if m]
+    runs: dict[str, list[dict]] = {m: [] for m in modes}
+    for rep in range(args.reps):
+        order = modes[rep % len(modes):] + modes[:rep % len(modes)]
+        for m in order:
+            runs[m].append(run_child(m, args.iters))
+        print(f"bench_host: repetition {rep + 1}/{args.reps} done", flush=True)
+    med = {m: {c: statistics.median(r[c] for r in runs[m]) for c in CASES} for m in modes}
+    print(f"\n| case | " + " | ".join(f"{m} ns/pair median (min..max)" for m in modes)
+          + " | " + " | ".join(f"{m} - native" for m in modes if m != "native") + " |")
+    print("|---|" + "---|" * (len(modes) + len([m for m in modes if m != "native"])))
+    for c in CASES:
+        cells = []
+        for m in modes:
+            vals = [r[c] for r in runs[m]]
+            cells.append(f"{med[m][c]:.0f} ({min(vals):.0f}..{max(vals):.0f})")
+        diffs = [f"{med[m][c] - med['native'][c]:+.0f} ns" for m in modes if m != "native" and "native" in med]
+        print(f"| {c} | " + " | ".join(cells) + " | " + " | ".join(diffs) + " |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(runs, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,476 @@
+// cachalot behind PyTorch's own allocator interface: a subclass of
+// c10::cuda::CUDACachingAllocator::CUDAAllocator whose every method forwards
+// to cachalot's C ABI (crates/cachalot-capi/include/cachalot.h). All
+// allocator logic is in Rust; this file converts types, keeps the
+// std::function objects PyTorch hands over (pool filters, OOM observers),
+// and throws PyTorch's exception types. Built against the installed torch
+// by cachalot_torch/_build.py (the vtable is not a stable ABI).
+//
+// Typed errors a user sees:
+//   out of memory                    -> torch.OutOfMemoryError (cachalot's report)
+//   IPC, pool checkpoints, MemPool with its own allocator, use_on_oom,
+//   no_split, caching_allocator_enable(False), trace trackers
+//                                    -> NotImplementedError ("cachalot does not support ...")
+//   anything else cachalot refuses   -> RuntimeError ("cachalot: <call>: <message>")
+
+#include <c10/core/Allocator.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cachalot.h"
+
+namespace CCA = c10::cuda::CUDACachingAllocator;
+using c10::CachingDeviceAllocator::DeviceStats;
+using c10::CachingDeviceAllocator::Stat;
+
+namespace {
+
+std::string last_error() {
+  const char* m = cachalot_last_error();
+  return m ? std::string(m) : std::string("unknown error");
+}
+
+#define CACHALOT_CHECK(call)                                              \
+  do {                                                                    \
+    int rc_ = (call);                                                     \
+    TORCH_CHECK(rc_ == CACHALOT_OK, "cachalot: ", last_error(), " (code ", \
+                rc_, ")");                                                \
+  } while (0)
+
+#define CACHALOT_UNSUPPORTED(what)                                         \
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "cachalot does not support ", what,  \
+                              " (see docs/pytorch-shim.md)")
+
+void delete_fn(void* ptr) {
+  int rc = cachalot_raw_delete(ptr, -1);
+  if (rc != CACHALOT_OK) {
+    // a deleter cannot throw
+    std::fprintf(stderr, "cachalot: %s\n", last_error().c_str());
+  }
+}
+
+cachalot_stream_t raw(cudaStream_t s) {
+  return reinterpret_cast<cachalot_stream_t>(s);
+}
+
+void fill(Stat& d, const cachalot_stat_t& s) {
+  d.current = s.current;
+  d.peak = s.peak;
+  d.allocated = s.allocated;
+  d.freed = s.freed;
+}
+
+void fill3(c10::CachingDeviceAllocator::StatArray& d, const cachalot_stat_t* s) {
+  for (size_t i = 0; i < 3; ++i) fill(d[i], s[i]);
+}
+
+// A use_mem_pool-style pool context: PyTorch's filter, evaluated here at
+// each allocation (see crates/cachalot-capi/src/drop_in.rs, "Pools").
+struct PoolContext {
+  c10::DeviceIndex device;
+  c10::MempoolId_t id;
+  std::function<bool(cudaStream_t)> filter;
+};
+
+// getCheckpointState's value: cudagraph trees keep it after every recording
+// and hand it back only when a path diverges (setCheckpointPoolState).
+struct NoCheckpoint : CCA::AllocatorState {};
+
+class CachalotAllocator final : public CCA::CUDAAllocator {
+ public:
+  using CCA::CUDAAllocator::recordStream;
+
+  // ----- c10::Allocator -----
+  c10::DataPtr allocate(size_t size) override {
+    c10::DeviceIndex device = 0;
+    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    void* p = nullptr;
+    if (size != 0) {
+      p = alloc_on(size, device, c10::cuda::getCurrentCUDAStream(device).stream());
+    }
+    return {p, p, &delete_fn, c10::Device(c10::DeviceType::CUDA, device)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &delete_fn; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    C10_CUDA_CHECK(cudaMemcpy(dest, src, count, cudaMemcpyDeviceToDevice));
+  }
+
+  // ----- c10::DeviceAllocator -----
+  bool initialized() override { return initialized_.load(); }
+  void emptyCache(c10::MempoolId_t id) override {
+    // a private pool's free segments go when its last use is released
+    // (releasePool); (0,0) empties every device, as PyTorch does
+    if (id.first == 0 && id.second == 0) CACHALOT_CHECK(cachalot_empty_cache(-1));
+  }
+  DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    cachalot_device_stats_t s;
+    CACHALOT_CHECK(cachalot_get_stats(device, &s, sizeof(s)));
+    DeviceStats d;
+    fill3(d.allocation, s.allocation);
+    fill3(d.segment, s.segment);
+    fill3(d.active, s.active);
+    fill3(d.inactive_split, s.inactive_split);
+    fill3(d.allocated_bytes, s.allocated_bytes);
+    fill3(d.reserved_bytes, s.reserved_bytes);
+    fill3(d.active_bytes, s.active_bytes);
+    fill3(d.inactive_split_bytes, s.inactive_split_bytes);
+    fill3(d.requested_bytes, s.requested_bytes);
+    fill(d.oversize_allocations, s.oversize_allocations);
+    fill(d.oversize_segments, s.oversize_segments);
+    d.num_alloc_retries = s.num_alloc_retries;
+    d.num_ooms = s.num_ooms;
+    d.num_sync_all_streams = s.num_sync_all_streams;
+    d.num_device_alloc = s.num_device_alloc;
+    d.num_device_free = s.num_device_free;
+    d.max_split_size = s.max_split_size;
+    return d;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex device) override {
+    CACHALOT_CHECK(cachalot_reset_accumulated_stats(device));
+  }
+  void resetPeakStats(c10::DeviceIndex device) override {
+    CACHALOT_CHECK(cachalot_reset_peak_stats(device));
+  }
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
+    size_t free = 0, total = 0;
+    CACHALOT_CHECK(cachalot_mem_get_info(device, &free, &total));
+    return {free, total};
+  }
+
+  // ----- CUDAAllocator -----
+  void* raw_alloc(size_t nbytes) override {
+    if (nbytes == 0) return nullptr;
+    c10::DeviceIndex device = 0;
+    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    return alloc_on(nbytes, device, c10::cuda::getCurrentCUDAStream(device).stream());
+  }
+  void* raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override {
+    if (nbytes == 0) return nullptr;
+    c10::DeviceIndex device = 0;
+    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    return alloc_on(nbytes, device, stream);
+  }
+  void raw_delete(void* ptr) override { CACHALOT_CHECK(cachalot_raw_delete(ptr, -1)); }
+  void init(int /*device_count*/) override { initialized_.store(true); }
+  double getMemoryFraction(c10::DeviceIndex device) override {
+    double f = 1.0;
+    CACHALOT_CHECK(cachalot_get_memory_fraction(device, &f));
+    return f;
+  }
+  void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
+    CACHALOT_CHECK(cachalot_set_memory_fraction(device, fraction));
+  }
+  std::vector<CCA::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex) override {
+    return {};
+  }
+  void enable(bool value) override {
+    if (!value) CACHALOT_UNSUPPORTED("caching_allocator_enable(False)");
+  }
+  bool isEnabled() const override { return true; }
+  void cacheInfo(c10::DeviceIndex device, size_t* largestBlock) override {
+    CACHALOT_CHECK(cachalot_cache_info(device, largestBlock));
+  }
+  void* getBaseAllocation(void* ptr, size_t* /*size*/) override { return ptr; }
+  void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override {
+    if (!ptr.get() || ptr.get_deleter() != &delete_fn) return;  // not ours (or empty)
+    CACHALOT_CHECK(cachalot_record_stream(ptr.get(), stream.device_index(), raw(stream.stream())));
+  }
+  CCA::SnapshotInfo snapshot(c10::MempoolId_t id, bool include_traces) override;
+
+  void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t id,
+                           std::function<bool(cudaStream_t)> filter) override {
+    {
+      // as PyTorch: one registration per pool at a time
+      std::lock_guard<std::mutex> g(ctx_mu_);
+      for (const auto& c : contexts_) {
+        TORCH_CHECK(!(c.device == device && c.id == id),
+                    "cachalot: beginAllocateToPool: already recording to mempool (", id.first, ", ",
+                    id.second, ")");
+      }
+    }
+    cudaStream_t cur = c10::cuda::getCurrentCUDAStream(device).stream();
+    if (!filter(cur)) {
+      // a graph capture's filter (true only once the stream captures)
+      CACHALOT_CHECK(cachalot_pool_begin(device, id.first, id.second, raw(cur)));
+      return;
+    }
+    // a context's filter (same thread, or always): cachalot routes what the
+    // filter accepts, checked at each allocation
+    CACHALOT_CHECK(cachalot_pool_create_or_incref(device, id.first, id.second));
+    std::lock_guard<std::mutex> g(ctx_mu_);
+    contexts_.push_back({device, id, std::move(filter)});
+    n_contexts_.store(contexts_.size());
+  }
+  void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t id) override {
+    {
+      std::lock_guard<std::mutex> g(ctx_mu_);
+      for (auto it = contexts_.rbegin(); it != contexts_.rend(); ++it) {
+        if (it->device == device && it->id == id) {
+          contexts_.erase(std::next(it).base());
+          n_contexts_.store(contexts_.size());
+          return;
+        }
+      }
+    }
+    CACHALOT_CHECK(cachalot_pool_end(device, id.first, id.second));
+  }
+  void releasePool(c10::DeviceIndex device, c10::MempoolId_t id) override {
+    CACHALOT_CHECK(cachalot_pool_release(device, id.first, id.second));
+  }
+  int getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t id) override {
+    int n = 0;
+    CACHALOT_CHECK(cachalot_pool_use_count(device, id.first, id.second, &n));
+    return n;
+  }
+  void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t id,
+                          std::shared_ptr<CCA::CUDAAllocator> allocator) override {
+    if (allocator) CACHALOT_UNSUPPORTED("torch.cuda.MemPool(allocator=...) (a pool backed by another allocator)");
+    CACHALOT_CHECK(cachalot_pool_create_or_incref(device, id.first, id.second));
+  }
+  void setUseOnOOM(c10::DeviceIndex, c10::MempoolId_t, bool use_on_oom) override {
+    if (use_on_oom) CACHALOT_UNSUPPORTED("torch.cuda.MemPool(use_on_oom=True)");
+  }
+  void setNoSplit(c10::DeviceIndex, c10::MempoolId_t) override {
+    CACHALOT_UNSUPPORTED("torch.cuda.MemPool(no_split=True)");
+  }
+  bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t id,
+                                const std::unordered_set<void*>& expected) override {
+    std::vector<const void*> v(expected.begin(), expected.end());
+    int ok = 0;
+    CACHALOT_CHECK(cachalot_pool_check_live(device, id.first, id.second, v.data(), v.size(), &ok));
+    return ok != 0;
+  }
+  CCA::ShareableHandle shareIpcHandle(void*) override {
+    CACHALOT_UNSUPPORTED("CUDA IPC (sharing CUDA tensors between processes)");
+  }
+  std::shared_ptr<void> getIpcDevPtr(std::string) override {
+    CACHALOT_UNSUPPORTED("CUDA IPC (sharing CUDA tensors between processes)");
+  }
+  bool isHistoryEnabled() override {
+    int on = 0;
+    CACHALOT_CHECK(cachalot_history_enabled(current_device(), &on));
+    return on != 0;
+  }
+  void recordHistory(bool enabled, CCA::CreateContextFn, size_t max_entries,
+                     CCA::RecordContext, bool clear, const std::vector<std::string>&) override {
+    // stack frames are not recorded (context_recorder is not called)
+    CACHALOT_CHECK(cachalot_record_history(current_device(), enabled ? 1 : 0, max_entries, clear ? 1 : 0));
+  }
+  void attachOutOfMemoryObserver(CCA::OutOfMemoryObserver observer) override {
+    std::lock_guard<std::mutex> g(obs_mu_);
+    observers_.push_back(std::move(observer));
+  }
+  void attachAllocatorTraceTracker(CCA::AllocatorTraceTracker) override {
+    CACHALOT_UNSUPPORTED("allocator trace trackers (TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK)");
+  }
+  void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override {
+    c10::cuda::CUDAGuard guard(dev);
+    cudaError_t err = cudaDeviceEnablePeerAccess(dev_to_access, 0);
+    if (err == cudaErrorPeerAccessAlreadyEnabled) {
+      (void)cudaGetLastError();
+    } else {
+      C10_CUDA_CHECK(err);
+    }
+  }
+  cudaError_t memcpyAsync(void* dst, int dstDevice, const void* src, int srcDevice,
+                          size_t count, cudaStream_t stream, bool p2p_enabled) override {
+    if (p2p_enabled || dstDevice == srcDevice) {
+      return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+    }
+    return cudaMemcpyPeerAsync(dst, dstDevice, src, srcDevice, count, stream);
+  }
+  std::shared_ptr<CCA::AllocatorState> getCheckpointState(c10::DeviceIndex, c10::MempoolId_t) override {
+    return std::make_shared<NoCheckpoint>();
+  }
+  CCA::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex,
+                                              std::shared_ptr<CCA::AllocatorState>) override {
+    CACHALOT_UNSUPPORTED("restoring a pool checkpoint (setCheckpointPoolState: a cudagraph-trees path that diverges)");
+  }
+  std::string name() override { return "cachalot"; }
+
+ private:
+  static c10::DeviceIndex current_device() {
+    c10::DeviceIndex d = 0;
+    C10_CUDA_CHECK(c10::cuda::GetDevice(&d));
+    return d;
+  }
+
+  void* alloc_on(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
+    void* p = nullptr;
+    int rc;
+    const PoolContext* ctx = nullptr;
+    c10::MempoolId_t pool{0, 0};
+    if (n_contexts_.load(std::memory_order_relaxed) != 0) {
+      std::lock_guard<std::mutex> g(ctx_mu_);
+      for (auto it = contexts_.rbegin(); it != contexts_.rend(); ++it) {
+        if (it->device == device && it->filter(stream)) {
+          ctx = &*it;
+          pool = it->id;
+          break;
+        }
+      }
+    }
+    if (ctx) {
+      rc = cachalot_alloc_in_pool(size, device, raw(stream), pool.first, pool.second, &p);
+    } else {
+      rc = cachalot_alloc(size, device, raw(stream), &p);
+    }
+    if (rc == CACHALOT_OK) return p;
+    std::string msg = last_error();
+    if (rc == CACHALOT_ERR_OUT_OF_MEMORY || rc == CACHALOT_ERR_NEVER_FITS) {
+      notify_oom(device, size);
+      // drop the "cachalot_alloc: " prefix: the report follows
+      auto colon = msg.find(": ");
+      if (colon != std::string::npos) msg = msg.substr(colon + 2);
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory (cachalot). ", msg);
+    }
+    TORCH_CHECK(false, "cachalot: ", msg, " (code ", rc, ")");
+  }
+
+  void notify_oom(c10::DeviceIndex device, size_t size) {
+    std::vector<CCA::OutOfMemoryObserver> obs;
+    {
+      std::lock_guard<std::mutex> g(obs_mu_);
+      obs = observers_;
+    }
+    if (obs.empty()) return;
+    size_t free = 0, total = 0;
+    double fraction = 1.0;
+    (void)cachalot_mem_get_info(device, &free, &total);
+    (void)cachalot_get_memory_fraction(device, &fraction);
+    size_t allowed = fraction < 1.0 ? static_cast<size_t>(fraction * total) : total;
+    for (auto& o : obs) o(device, size, allowed, free);
+  }
+
+  std::atomic<bool> initialized_{false};
+  std::mutex ctx_mu_;
+  std::vector<PoolContext> contexts_;
+  std::atomic<size_t> n_contexts_{0};
+  std::mutex obs_mu_;
+  std::vector<CCA::OutOfMemoryObserver> observers_;
+};
+
+CCA::SnapshotInfo CachalotAllocator::snapshot(c10::MempoolId_t id, bool include_traces) {
+  using c10::CachingDeviceAllocator::BlockInfo;
+  using c10::CachingDeviceAllocator::SegmentInfo;
+  using c10::CachingDeviceAllocator::TraceEntry;
+  CCA::SnapshotInfo out;
+  int n = cachalot_device_count();
+  TORCH_CHECK(n >= 0, "cachalot: ", last_error());
+  out.device_traces.resize(n);
+  bool have_config = false;
+  for (int d = 0; d < n; ++d) {
+    cachalot_snapshot_t* s = nullptr;
+    CACHALOT_CHECK(cachalot_snapshot(d, id.first, id.second, include_traces ? 1 : 0, &s));
+    if (!s) continue;  // device not in use
+    for (size_t i = 0; i < s->num_segments; ++i) {
+      const cachalot_segment_t& g = s->segments[i];
+      SegmentInfo seg;
+      seg.device = static_cast<c10::DeviceIndex>(g.device);
+      seg.address = g.address;
+      seg.total_size = g.total_size;
+      seg.requested_size = g.requested_size;
+      seg.allocated_size = g.allocated_size;
+      seg.active_size = g.active_size;
+      seg.stream = reinterpret_cast<void*>(g.stream);
+      seg.is_large = g.is_small == 0;
+      seg.is_expandable = g.is_expandable != 0;
+      seg.owner_private_pool_id = {g.pool_hi, g.pool_lo};
+      for (uint64_t b = g.first_block; b < g.first_block + g.num_blocks && b < s->num_blocks; ++b) {
+        const cachalot_block_t& k = s->blocks[b];
+        BlockInfo bi;
+        bi.size = k.size;
+        bi.requested_size = k.requested_size;
+        bi.allocated = k.state == 0;
+        bi.active = k.state != 2;
+        seg.blocks.push_back(std::move(bi));
+      }
+      out.segments.push_back(std::move(seg));
+    }
+    for (size_t i = 0; i < s->num_traces; ++i) {
+      const cachalot_trace_t& t = s->traces[i];
+      TraceEntry te(static_cast<TraceEntry::Action>(t.action), static_cast<c10::DeviceIndex>(d),
+                    t.addr, t.size, reinterpret_cast<void*>(t.stream), {0, 0}, 0);
+      te.time_.t_ = static_cast<time_t>(t.time_us);
+      out.device_traces[d].push_back(std::move(te));
+    }
+    if (!have_config) {
+      auto& c = out.config_metadata;
+      c.garbage_collection_threshold = s->garbage_collection_threshold;
+      c.max_split_size = static_cast<size_t>(s->max_split_size);
+      c.pinned_num_register_threads = 1;
+      c.expandable_segments = s->expandable_segments != 0;
+      c.release_lock_on_malloc = false;
+      c.pinned_use_host_register = false;
+      c.graph_capture_record_stream_reuse = s->graph_capture_record_stream_reuse != 0;
+      c.last_allocator_settings = s->last_config ? s->last_config : "";
+      c.roundup_power2_divisions.assign(s->roundup_power2_divisions,
+                                        s->roundup_power2_divisions + 16);
+      have_config = true;
+    }
+    cachalot_snapshot_free(s);
+  }
+  return out;
+}
+
+CachalotAllocator* g_allocator = nullptr;  // never destroyed: tensors may outlive static destructors
+
+void copy_msg(char* err, size_t len, const std::string& m) {
+  if (!err || len == 0) return;
+  std::snprintf(err, len, "%s", m.c_str());
+}
+
+}  // namespace
+
+// Makes cachalot PyTorch's CUDA allocator: both the atomic every
+// torch.cuda call goes through and the c10 registry torch.accelerator
+// reads. Must run before CUDA initializes. 0 = installed (or already), 1 =
+// the current allocator is already initialized, 2 = cachalot refused
+// (message in err).
+extern "C" int cachalot_torch_install(const char* config, char* err, size_t errlen) {
+  try {
+    auto* cur = CCA::allocator.load();
+    if (g_allocator && cur == g_allocator) return 0;
+    if (cur && cur->initialized()) {
+      copy_msg(err, errlen,
+               "the CUDA allocator is already initialized: call cachalot_torch.install() "
+               "before anything initializes CUDA (the first CUDA tensor, torch.cuda.init(), "
+               "get_device_properties, ...)");
+      return 1;
+    }
+    // CACHALOT_TORCH_BACKEND=mock: the mock device, for tests without a GPU
+    const char* backend = std::getenv("CACHALOT_TORCH_BACKEND");
+    if (cachalot_init(backend && *backend ? backend : "cuda") != CACHALOT_OK) {
+      copy_msg(err, errlen, last_error());
+      return 2;
+    }
+    if (config && *config && cachalot_set_config(config) != CACHALOT_OK) {
+      copy_msg(err, errlen, last_error());
+      return 2;
+    }
+    if (!g_allocator) g_allocator = new CachalotAllocator();
+    CCA::allocator.store(g_allocator);
+    c10::SetAllocator(c10::DeviceType::CUDA, g_allocator, /*priority=*/0);
+    return 0;
+  } catch (const std::exception& e) {
+    copy_msg(err, errlen, e.what());
+    return 2;
+  }
+}
+
+// 1 when cachalot is the current allocator.
+extern "C" int cachalot_torch_installed() {
+  return g_allocator && CCA::allocator.load() == g_allocator ? 1 : 0;
+}

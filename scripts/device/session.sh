@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One device call of a session, from the repository root on the GPU machine,
+# after `cargo xtask test-cuda` and `cargo xtask bench-cuda` packed dist/cuda
+# here. Logs are tarred into $OUT/logs-PART.tgz (the device tool brings back
+# at most 8 files); the summary tables are printed last.
+#   scripts/device/session.sh timing    bench.sh (ours vs PyTorch's C++ in three
+#                                       modes, threads), the expandable configs
+#                                       on CUDA, the cudarc example
+#   scripts/device/session.sh tests     the CUDA test binaries (dist/cuda/run.sh)
+#   scripts/device/session.sh torch     the PyTorch drop-in suite (python/run_gpu_suite.sh)
+set -u
+PART=${1:?timing, tests or torch}
+OUT=${OUT:-/tmp/out}; L=/tmp/logs-$PART; rm -rf "$L"; mkdir -p "$L" "$OUT"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+S=$(date +%s)
+case $PART in
+  timing)
+    (cd dist/cuda && RESULTS=$L/results ROUNDS=${ROUNDS:-2} timeout ${T_BENCH:-330} ./bench.sh) >"$L/bench.txt" 2>&1
+    echo "bench.sh: rc=$? after $(( $(date +%s) - S )) s"
+    OUT=$L timeout ${T_EXP:-150} scripts/device/expandable_cuda.sh >"$L/expandable.txt" 2>&1
+    echo "expandable_cuda.sh: rc=$? after $(( $(date +%s) - S )) s"
+    OUT=$L timeout ${T_RUST:-100} scripts/device/cudarc_example.sh >"$L/cudarc.txt" 2>&1
+    echo "cudarc_example.sh: rc=$? after $(( $(date +%s) - S )) s"
+    tar czf "$OUT/logs-$PART.tgz" -C /tmp "logs-$PART"
+    sed -n '/^speed:/,$p' "$L/bench.txt" | head -70
+    tail -22 "$L/expandable.txt"
+    tail -28 "$L/cudarc.txt" ;;
+  tests)
+    (cd dist/cuda && CACHALOT_SANITIZER=${CACHALOT_SANITIZER:-0} timeout ${T_TESTS:-520} ./run.sh) >"$L/run.txt" 2>&1
+    echo "run.sh: rc=$? after $(( $(date +%s) - S )) s"
+    cp -r dist/cuda/logs "$L/" 2>/dev/null
+    tar czf "$OUT/logs-$PART.tgz" -C /tmp "logs-$PART"
+    grep -E "FAILED|panicked|failed" "$L/run.txt" | head -30
+    tail -40 "$L/run.txt" ;;
+  torch)
+    OUT=$L timeout ${T_TORCH:-540} python/run_gpu_suite.sh >"$L/suite.txt" 2>&1
+    echo "run_gpu_suite.sh: rc=$? after $(( $(date +%s) - S )) s"
+    tar czf "$OUT/logs-$PART.tgz" -C /tmp "logs-$PART"
+    tail -90 "$L/suite.txt" ;;
+esac
