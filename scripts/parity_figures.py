@@ -14,7 +14,7 @@ refactor:
     alloc_retries, ...;
   * "stats": the final memory_stats() (PyTorch's 122 keys: allocation, segment,
     active/inactive split, reserved/allocated/requested bytes, num_device_alloc,
-    num_ooms, ...), from --stats. --no-stats leaves it out (and the flag off).
+    num_ooms, ...), the "memory_stats" object --stats adds to the line. --no-stats leaves it out (and the flag off).
 
 Usage (from the repo root):
   scripts/parity_figures.py --record OUT.json        # write the figures
@@ -64,11 +64,11 @@ def run(binary, trace, cfg, stats):
         if not line.startswith("{"):
             continue
         obj = json.loads(line)
+        if "memory_stats" in obj:   # --stats: inside the replay line
+            rec["stats"] = obj.pop("memory_stats")
         if "trace" in obj:   # the replay line
             rec["replay"] = {k: v for k, v in obj.items()
                              if k != "trace" and not TIMING.search(k)}
-        else:                # the memory_stats() line
-            rec["stats"] = obj
     if "replay" not in rec or (stats and "stats" not in rec):
         return {"error": f"unexpected output: {out.stdout[-500:]!r}"}
     return rec

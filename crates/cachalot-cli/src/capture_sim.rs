@@ -73,10 +73,18 @@ pub struct CaptureSimArgs {
     /// Seed of the program.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Reuse during capture: off, pytorch or cross-stream.
-    #[arg(long, default_value = "pytorch")]
-    pub reuse: String,
-    /// Device: `mock` (the simulated H200, with its race checker) or `cuda`
+    /// Reuse during capture: off, pytorch or cross-stream (default: the
+    /// config's graph_capture_record_stream_reuse when it turns reuse on,
+    /// else pytorch).
+    #[arg(long)]
+    pub reuse: Option<String>,
+    /// Allocator config string, PyTorch's syntax; default:
+    /// $CACHALOT_ALLOC_CONF, then $PYTORCH_CUDA_ALLOC_CONF, ... (--reuse
+    /// overrides its graph_capture_record_stream_reuse).
+    #[arg(long)]
+    pub config: Option<String>,
+    /// Device: `mock` (the simulated H200, or $CACHALOT_MOCK_MEMORY bytes,
+    /// with its race checker) or `cuda`
     /// (device 0 of the CUDA driver: each access is a memset node, each
     /// wait an event record and wait; no race checker, `races` is null).
     #[arg(long, default_value = "mock")]
@@ -115,7 +123,14 @@ pub struct CaptureSimArgs {
 
 /// Runs `capture-sim`.
 pub fn run(args: &CaptureSimArgs) -> Result<(), CliError> {
-    let mode = parse_reuse(&args.reuse)?;
+    let config = crate::run::allocator_config(args.config.as_deref())?;
+    let mode = match &args.reuse {
+        Some(r) => parse_reuse(r)?,
+        None if config.graph_capture_record_stream_reuse != CaptureReuse::Off => {
+            config.graph_capture_record_stream_reuse
+        }
+        None => CaptureReuse::PyTorch,
+    };
     let params = SimParams {
         streams: args.streams,
         ops: args.ops,
@@ -125,7 +140,11 @@ pub fn run(args: &CaptureSimArgs) -> Result<(), CliError> {
         seed: args.seed,
     };
     params.validate()?;
-    let program = Program::generate(&params);
+    let mut program = Program::generate(&params);
+    program.config = config;
+    program.device_bytes = cachalot::MockSettings::from_env()
+        .map_err(|e| CliError::usage(e.to_string()))?
+        .total_memory;
     if let Some(path) = &args.emit_pytorch {
         std::fs::write(path, program.to_pytorch(&params))
             .map_err(|e| CliError::failure(format!("writing {}: {e}", path.display())))?;
@@ -366,11 +385,15 @@ enum Op {
     Wait { waiter: u32, other: u32 },
 }
 
-/// A random program.
+/// A random program, and what it runs under.
 struct Program {
     streams: u32,
     ops: Vec<Op>,
     ids: u32,
+    /// The allocator config (its reuse mode is the run's).
+    config: AllocatorConfig,
+    /// Capacity of the simulated device.
+    device_bytes: u64,
 }
 
 /// What a run measured.
@@ -559,10 +582,13 @@ impl Program {
             streams: p.streams,
             ops,
             ids,
+            config: AllocatorConfig::default(),
+            device_bytes: DEVICE_BYTES,
         }
     }
 
-    /// Runs the program captured on a fresh simulated H200 that places
+    /// Runs the program captured on a fresh simulated device (an H200
+    /// unless $CACHALOT_MOCK_MEMORY says otherwise) that places
     /// segments by `placement`. `unordered`: every allocation on the first
     /// stream and no `record_stream` (the packing bound; unsafe by design).
     fn run_mock(
@@ -573,7 +599,7 @@ impl Program {
         unordered: bool,
         placement: Placement,
     ) -> Result<Outcome, String> {
-        let m = MockConfig::new(DEVICE_BYTES)
+        let m = MockConfig::new(self.device_bytes)
             .placement(placement)
             .auto_complete(true)
             .race_checking(race_checking)
@@ -598,7 +624,7 @@ impl Program {
     ) -> Result<Outcome, String> {
         let config = AllocatorConfig {
             graph_capture_record_stream_reuse: mode,
-            ..AllocatorConfig::default()
+            ..self.config.clone()
         };
         let a = CachingAllocator::with_config(device, config).map_err(|e| e.to_string())?;
         let d = a.backend();

@@ -9,9 +9,11 @@
 #![forbid(unsafe_code)]
 
 mod capture_sim;
+mod fit;
 mod plot;
 mod raster;
 mod run;
+mod units;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -76,11 +78,18 @@ pub const MAX_BENCH_OPS: u64 = 1_000_000_000;
 /// [`cachalot::core::replay::MAX_TRACE_STREAMS`], `MAX_TRACE_OPS` and
 /// `MAX_TRACE_LINE_BYTES`; a test checks them).
 pub const AFTER_HELP: &str = "\
+Examples:
+  cachalot replay traces/gpt2_train.trace --backend mock
+  cachalot replay traces/gpt2_train.trace --device-memory 24GiB
+  cachalot fit traces/gpt2_train.trace
+  cachalot plot traces/gpt2_train.trace -o gpt2.png --compare expandable_segments:True
+
 Exit status:
   0  success
   1  a failure while running: an allocator error in a replay (out of memory,
      a size that can never fit; the message names the trace file, line and
-     operation), an error writing output or a file
+     operation; with --device-memory: the trace does not fit), an error
+     writing output or a file
   2  bad input: a usage error or an argument out of its range (the message
      names the argument and value), an unreadable or malformed trace (the
      message names the file, line and value), an unknown or unavailable
@@ -104,24 +113,77 @@ struct Cli {
 #[derive(Args, Debug, Clone)]
 pub struct DeviceOpts {
     /// Backend: mock, cuda, hip or level-zero (default: $CACHALOT_BACKEND,
-    /// else cuda when a GPU is present, else mock). The mock is an H200-sized
-    /// simulated device (150,754,820,096 bytes) whose work completes at once.
+    /// else cuda when a GPU is present, else mock). The mock is a simulated
+    /// device whose work completes at once, of --device-memory bytes, else
+    /// $CACHALOT_MOCK_MEMORY, else an H200's 150,754,820,096.
     #[arg(long)]
     pub backend: Option<String>,
     /// Allocator config string, PyTorch's syntax (e.g.
     /// "max_split_size_mb:256,garbage_collection_threshold:0.8"); default:
-    /// $CACHALOT_ALLOC_CONF, then $PYTORCH_CUDA_ALLOC_CONF, ...
+    /// $CACHALOT_ALLOC_CONF, then $PYTORCH_CUDA_ALLOC_CONF,
+    /// $PYTORCH_HIP_ALLOC_CONF, $PYTORCH_ALLOC_CONF. Keys of another PyTorch
+    /// allocator (backend:cudaMallocAsync, pinned_*) are ignored with a warning.
     #[arg(long)]
     pub config: Option<String>,
+    /// Will it fit? Run on a simulated device of this size (e.g. 24GiB, 80GB,
+    /// 512MiB or bytes; 1MiB..=4TiB; implies the mock backend) and say
+    /// whether the trace fits, or which operation fails first with the
+    /// out-of-memory report and the smallest device it fits on.
+    #[arg(long, value_name = "SIZE", value_parser = units::device_memory)]
+    pub device_memory: Option<u64>,
 }
+
+/// Examples of `replay`.
+const REPLAY_EXAMPLES: &str = "\
+Examples:
+  cachalot replay traces/gpt2_train.trace --backend mock
+  cachalot replay traces/gpt2_train.trace --device-memory 24GiB
+  cachalot replay traces/*.trace --json --stats --config placement:pytorch
+  cachalot replay traces/gpt2_train.trace --passes 1 --snapshot gpt2.pickle
+  grep -v '^#' traces/gpt2_train.trace | cachalot replay - --passes 1";
+
+/// Examples of `summary`.
+const SUMMARY_EXAMPLES: &str = "\
+Examples:
+  cachalot summary traces/gpt2_train.trace --backend mock
+  cachalot summary traces/resnet50_train.trace --device-memory 16GiB --abbreviated";
+
+/// Examples of `plot`.
+const PLOT_EXAMPLES: &str = "\
+Examples:
+  cachalot plot traces/side_stream_pipeline.trace -o mem.svg
+  cachalot plot traces/gpt2_train.trace -o gpt2.png --device-memory 8GiB
+  cachalot plot traces/gpt2_train.trace -o compare.png \\
+      --compare placement:pytorch,expandable_segments:True";
+
+/// Examples of `fit`.
+const FIT_EXAMPLES: &str = "\
+Examples:
+  cachalot fit traces/gpt2_train.trace
+  cachalot fit traces/resnet50_train.trace --json
+  cachalot fit traces/gpt2_train.trace --config max_split_size_mb:256 --passes 1";
+
+/// Examples of `threads`.
+const THREADS_EXAMPLES: &str = "\
+Examples:
+  cachalot threads --backend mock
+  cachalot threads --backend cuda --threads 1,8,32 --ops 100000";
+
+/// Examples of `capture-sim`.
+const CAPTURE_SIM_EXAMPLES: &str = "\
+Examples:
+  cachalot capture-sim --streams 4 --ops 1000 --reuse cross-stream
+  cachalot capture-sim --seed 7 --json --bound
+  cachalot capture-sim --seed 7 --emit-pytorch prog.py && python3 prog.py";
 
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Replay traces as PyTorch's cca_replay and report peak memory,
     /// device allocations and host time per operation.
+    #[command(after_help = REPLAY_EXAMPLES)]
     Replay {
-        /// Trace files, or synthetic trace names (hit_1mib, churn_1stream,
-        /// churn_4streams).
+        /// Trace files, `-` for standard input, or synthetic trace names
+        /// (hit_1mib, churn_1stream, churn_4streams).
         #[arg(required = true, value_name = "TRACE")]
         traces: Vec<String>,
         #[command(flatten)]
@@ -131,23 +193,28 @@ enum Command {
         #[arg(long, default_value_t = 5,
               value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_PASSES)))]
         passes: u32,
-        /// One JSON line per trace with cca_replay's fields.
+        /// One JSON line per trace with cca_replay's fields (and, with
+        /// --device-memory, `device_memory` and `fits`).
         #[arg(long)]
         json: bool,
-        /// Print the final memory_stats() as one flat JSON object (PyTorch's 122 keys).
+        /// Also print the final memory_stats() (PyTorch's 122 flat keys):
+        /// with --json as the `memory_stats` object of the trace's line,
+        /// else on a line naming the trace.
         #[arg(long)]
         stats: bool,
         /// Write a snapshot after the replay, with the memory history recorded
         /// during it: a pickle for torch.cuda._memory_viz when OUT ends in
         /// .pickle (or .pkl), else JSON. With several traces the trace name
-        /// is added to the file name.
+        /// is added to the file name. The file is created before the replay,
+        /// so a bad path fails at once.
         #[arg(long, value_name = "OUT")]
         snapshot: Option<PathBuf>,
     },
     /// Replay a trace once, without freeing the blocks still live at its
     /// end, and print the torch.cuda.memory_summary() table.
+    #[command(after_help = SUMMARY_EXAMPLES)]
     Summary {
-        /// Trace file or synthetic trace name.
+        /// Trace file, `-` for standard input, or synthetic trace name.
         trace: String,
         #[command(flatten)]
         device: DeviceOpts,
@@ -157,8 +224,9 @@ enum Command {
     },
     /// Plot allocated and reserved bytes over the operations of a trace
     /// (total and per stream) as SVG or PNG (by the extension of -o).
+    #[command(after_help = PLOT_EXAMPLES)]
     Plot {
-        /// Trace file or synthetic trace name.
+        /// Trace file, `-` for standard input, or synthetic trace name.
         trace: String,
         #[command(flatten)]
         device: DeviceOpts,
@@ -173,12 +241,43 @@ enum Command {
         #[arg(long, default_value_t = 600,
               value_parser = clap::value_parser!(u32).range(150..=10_000))]
         height: u32,
+        /// Overlay the reserved bytes of the trace under this allocator
+        /// config too (e.g. "placement:pytorch,expandable_segments:True"),
+        /// against the --config one (default: the environment's, else the
+        /// default config); up to 4 times. Per-stream lines are left out.
+        #[arg(long, value_name = "CONFIG")]
+        compare: Vec<String>,
+    },
+    /// Will it fit? The smallest simulated device on which the trace
+    /// replays, for each policy: PyTorch's default (placement:pytorch),
+    /// PyTorch's expandable segments, cachalot's default, cachalot with
+    /// expandable segments (a bisection in 2 MiB steps, the allocator's
+    /// segment granularity, so the answer is exact).
+    #[command(after_help = FIT_EXAMPLES)]
+    Fit {
+        /// Trace file, `-` for standard input, or synthetic trace name.
+        trace: String,
+        /// Allocator config every policy starts from (the policy's keys
+        /// override it); default: $CACHALOT_ALLOC_CONF, then PyTorch's
+        /// variables.
+        #[arg(long)]
+        config: Option<String>,
+        /// Passes over the trace on each probed device, 1..=10000 (as
+        /// `replay`: a training step runs again and again).
+        #[arg(long, default_value_t = 5,
+              value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_PASSES)))]
+        passes: u32,
+        /// One JSON line per policy.
+        #[arg(long)]
+        json: bool,
     },
     /// Capture a random multi-stream program into a graph on the simulated
     /// device and report its memory, reuse, races and capture time.
+    #[command(after_help = CAPTURE_SIM_EXAMPLES)]
     CaptureSim(capture_sim::CaptureSimArgs),
     /// The multi-thread benchmark of PyTorch's cca_threads.cpp: T threads,
     /// each allocating and freeing on its own stream; one JSON line per T.
+    #[command(after_help = THREADS_EXAMPLES)]
     Threads {
         #[command(flatten)]
         device: DeviceOpts,
@@ -229,7 +328,20 @@ fn main() -> ExitCode {
             output,
             width,
             height,
-        } => plot::plot_cmd(&trace, &device, &output, width, height),
+            compare,
+        } => plot::plot_cmd(&trace, &device, &output, (width, height), &compare),
+        Command::Fit {
+            trace,
+            config,
+            passes,
+            json,
+        } => fit::fit_cmd(
+            &trace,
+            config.as_deref(),
+            passes as usize,
+            fit::DEFAULT_GRANULARITY,
+            json,
+        ),
         Command::CaptureSim(args) => capture_sim::run(&args),
         Command::Threads {
             device,

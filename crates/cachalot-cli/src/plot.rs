@@ -1,17 +1,23 @@
 //! `cachalot plot`: allocated and reserved bytes over the operations of a
-//! trace, in total and per stream, as a hand-written SVG or a PNG drawn by
-//! [`crate::raster`].
+//! trace, in total and per stream, or (`--compare`) the reserved bytes of
+//! several allocator configs over one trace, as a hand-written SVG or a PNG
+//! drawn by [`crate::raster`]. With a chosen device size
+//! (`--device-memory`) the device's capacity is drawn too, and a trace
+//! that does not fit ends at the failing operation, marked.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use cachalot::DeviceAllocator;
 use cachalot::core::replay::Op;
+use cachalot::{AllocatorConfig, DeviceAllocator, ReplayError};
 
-use crate::raster::{Canvas, Rgb};
-use crate::run::{allocator_config, backend_kind, free_all, load_trace, open_device, run_ops};
-use crate::{CliError, DeviceOpts};
+use crate::raster::{Canvas, Dir, Rgb};
+use crate::run::{
+    NoFit, OpsError, Setup, allocator_config, config_label, free_all, is_no_fit, load_trace,
+    open_device, report_no_fit, run_ops,
+};
+use crate::{CliError, DeviceOpts, units};
 
 /// One line of the plot: a value after every operation.
 struct Series {
@@ -26,6 +32,10 @@ struct Figure {
     title: String,
     ops: usize,
     series: Vec<Series>,
+    /// The device's capacity, drawn as a line (a chosen device size).
+    device_memory: Option<u64>,
+    /// Operations at which a series ran out of memory, with its colour.
+    ooms: Vec<(usize, Rgb)>,
 }
 
 const PALETTE: [Rgb; 8] = [
@@ -39,17 +49,36 @@ const PALETTE: [Rgb; 8] = [
     (23, 190, 207),
 ];
 
+/// Colour of the device-capacity line and the out-of-memory markers.
+const LIMIT: Rgb = (200, 0, 0);
+
 /// Most streams drawn with their own lines; a trace with more is drawn in
 /// total only (a line per stream would be unreadable, and its samples cost
 /// 16 bytes per operation and stream).
 pub const MAX_PLOT_STREAMS: usize = 16;
 
-/// Runs the trace once and samples the statistics after every operation.
+/// Most `--compare` configs.
+pub const MAX_COMPARE: usize = 4;
+
+/// What one run of the trace gave.
+struct Run {
+    reserved: Vec<u64>,
+    allocated: Vec<u64>,
+    /// Per stream: (trace stream number, reserved, allocated).
+    streams: Vec<(u64, Vec<u64>, Vec<u64>)>,
+    /// The operation that failed, and how.
+    failed: Option<ReplayError>,
+}
+
+/// Runs the trace once and samples the statistics after every operation
+/// (per stream too when `per_stream_wanted`). An allocator error stops the
+/// run; it is returned with the samples up to it.
 fn collect(
     dev: &DeviceAllocator,
     trace: &cachalot::Trace,
     spec: &str,
-) -> Result<(Figure, Vec<u64>), CliError> {
+    per_stream_wanted: bool,
+) -> Result<Run, CliError> {
     let nstreams = (trace.num_streams.max(1) as usize).min(cachalot::MAX_REPLAY_STREAMS as usize);
     let streams = dev
         .streams(nstreams)
@@ -63,8 +92,8 @@ fn collect(
     let n = trace.ops.len();
     let mut allocated = Vec::with_capacity(n);
     let mut reserved = Vec::with_capacity(n);
-    let per_stream = (2..=MAX_PLOT_STREAMS).contains(&nstreams);
-    if nstreams > MAX_PLOT_STREAMS {
+    let per_stream = per_stream_wanted && (2..=MAX_PLOT_STREAMS).contains(&nstreams);
+    if per_stream_wanted && nstreams > MAX_PLOT_STREAMS {
         eprintln!(
             "cachalot: note: {spec} uses {nstreams} streams; per-stream lines are drawn for at most {MAX_PLOT_STREAMS}"
         );
@@ -75,7 +104,7 @@ fn collect(
     let mut cur_res = vec![0u64; nstreams];
     let mut id_info: Vec<(usize, u64)> = vec![(0, 0); if per_stream { trace.num_ids } else { 0 }];
     let mut last_device_ops = (0i64, 0i64);
-    let live = run_ops(dev, trace, spec, |_, op, addr| {
+    let r = run_ops(dev, trace, spec, |_, op, addr| {
         let st = dev.stats();
         allocated.push(st.allocated_bytes.all().current.max(0) as u64);
         reserved.push(st.reserved_bytes.all().current.max(0) as u64);
@@ -115,51 +144,36 @@ fn collect(
             s_alloc[i].push(cur_alloc[i]);
             s_res[i].push(cur_res[i]);
         }
-    })?;
-    let mut series = vec![
-        Series {
-            name: "reserved".into(),
-            color: PALETTE[0],
-            dashed: false,
-            values: reserved,
-        },
-        Series {
-            name: "allocated".into(),
-            color: PALETTE[1],
-            dashed: false,
-            values: allocated,
-        },
-    ];
-    for (i, (a, r)) in s_alloc.into_iter().zip(s_res).enumerate() {
-        let color = PALETTE[(2 + i) % PALETTE.len()];
+    });
+    let failed = match r {
+        Ok(live) => {
+            free_all(dev, live)?;
+            None
+        }
+        Err(OpsError::Replay(e)) => Some(e),
+        Err(e) => return Err(e.into_cli(spec)),
+    };
+    let streams = s_res
+        .into_iter()
+        .zip(s_alloc)
+        .enumerate()
         // the trace's own stream number
-        let i = trace.stream_value(i as u32);
-        series.push(Series {
-            name: format!("reserved stream {i}"),
-            color,
-            dashed: false,
-            values: r,
-        });
-        series.push(Series {
-            name: format!("allocated stream {i}"),
-            color,
-            dashed: true,
-            values: a,
-        });
-    }
-    Ok((
-        Figure {
-            title: format!(
-                "{}: memory over {} ops ({} backend)",
-                trace.name,
-                n,
-                dev.backend_kind()
-            ),
-            ops: n,
-            series,
-        },
-        live,
-    ))
+        .map(|(i, (r, a))| (trace.stream_value(i as u32), r, a))
+        .collect();
+    Ok(Run {
+        reserved,
+        allocated,
+        streams,
+        failed,
+    })
+}
+
+/// `peak 7.53 GiB` of a series.
+fn peak_label(values: &[u64]) -> String {
+    format!(
+        "peak {}",
+        units::human(values.iter().copied().max().unwrap_or(0))
+    )
 }
 
 /// `cachalot plot`.
@@ -167,8 +181,8 @@ pub fn plot_cmd(
     trace: &str,
     opts: &DeviceOpts,
     output: &Path,
-    width: u32,
-    height: u32,
+    (width, height): (u32, u32),
+    compare: &[String],
 ) -> Result<(), CliError> {
     let ext = output
         .extension()
@@ -195,22 +209,159 @@ pub fn plot_cmd(
             "--height {height} is outside 150..=10000"
         )));
     }
-    let kind = backend_kind(opts)?;
-    let config = allocator_config(opts)?;
+    if compare.len() > MAX_COMPARE {
+        return Err(CliError::usage(format!(
+            "--compare: at most {MAX_COMPARE} configs, got {}",
+            compare.len()
+        )));
+    }
+    let setup = Setup::new(opts)?;
+    // every config is checked before the trace is read or run
+    let mut configs: Vec<AllocatorConfig> = vec![setup.config.clone()];
+    for c in compare {
+        configs.push(
+            allocator_config(Some(c))
+                .map_err(|e| CliError::usage(format!("--compare: {}", e.message)))?,
+        );
+    }
     let spec = trace;
     let trace = load_trace(spec)?;
-    let dev = open_device(kind, config)?;
-    let (fig, live) = collect(&dev, &trace, spec)?;
-    free_all(&dev, live)?;
+    let mut fig = Figure {
+        title: String::new(),
+        ops: trace.ops.len(),
+        series: Vec::new(),
+        device_memory: setup.sized.then_some(setup.mock_memory),
+        ooms: Vec::new(),
+    };
+    let mut failures: Vec<(AllocatorConfig, ReplayError)> = Vec::new();
+    if compare.is_empty() {
+        let dev = setup.open()?;
+        let run = collect(&dev, &trace, spec, true)?;
+        fig.title = format!(
+            "{}: memory over {} operations ({} backend{})",
+            trace.name,
+            units::group(trace.ops.len() as u64),
+            dev.backend_kind(),
+            fig.device_memory
+                .map(|m| format!(", {} device", units::human(m)))
+                .unwrap_or_default()
+        );
+        if run.failed.is_some() {
+            fig.ooms.push((run.reserved.len(), LIMIT));
+        }
+        fig.series.push(Series {
+            name: format!("reserved, {}", peak_label(&run.reserved)),
+            color: PALETTE[0],
+            dashed: false,
+            values: run.reserved,
+        });
+        fig.series.push(Series {
+            name: format!("allocated, {}", peak_label(&run.allocated)),
+            color: PALETTE[1],
+            dashed: false,
+            values: run.allocated,
+        });
+        for (i, (stream, r, a)) in run.streams.into_iter().enumerate() {
+            let color = PALETTE[(2 + i) % PALETTE.len()];
+            fig.series.push(Series {
+                name: format!("reserved, stream {stream}"),
+                color,
+                dashed: false,
+                values: r,
+            });
+            fig.series.push(Series {
+                name: format!("allocated, stream {stream}"),
+                color,
+                dashed: true,
+                values: a,
+            });
+        }
+        if let Some(e) = run.failed {
+            failures.push((setup.config.clone(), e));
+        }
+    } else {
+        fig.title = format!(
+            "{}: reserved memory of {} configs over {} operations ({} backend{})",
+            trace.name,
+            configs.len(),
+            units::group(trace.ops.len() as u64),
+            setup.kind,
+            fig.device_memory
+                .map(|m| format!(", {} device", units::human(m)))
+                .unwrap_or_default()
+        );
+        let mut allocated: Vec<(String, Vec<u64>)> = Vec::new();
+        for (i, c) in configs.iter().enumerate() {
+            let dev = open_device(setup.kind, c.clone(), setup.mock_memory)?;
+            let run = collect(&dev, &trace, spec, false)?;
+            let color = PALETTE[[0, 3, 2, 4, 5][i % 5]];
+            if run.failed.is_some() {
+                fig.ooms.push((run.reserved.len(), color));
+            }
+            fig.series.push(Series {
+                name: format!(
+                    "reserved, {}: {}{}",
+                    config_label(c),
+                    peak_label(&run.reserved),
+                    if run.failed.is_some() {
+                        ", out of memory"
+                    } else {
+                        ""
+                    }
+                ),
+                color,
+                dashed: false,
+                values: run.reserved,
+            });
+            allocated.push((config_label(c), run.allocated));
+            if let Some(e) = run.failed {
+                failures.push((c.clone(), e));
+            }
+        }
+        // allocated bytes are the trace's own unless rounding differs
+        if allocated.windows(2).all(|w| w[0].1 == w[1].1) {
+            let (_, values) = allocated.swap_remove(0);
+            fig.series.push(Series {
+                name: format!("allocated, {}", peak_label(&values)),
+                color: PALETTE[1],
+                dashed: true,
+                values,
+            });
+        } else {
+            for (i, (label, values)) in allocated.into_iter().enumerate() {
+                fig.series.push(Series {
+                    name: format!("allocated, {label}: {}", peak_label(&values)),
+                    color: fig.series[i].color,
+                    dashed: true,
+                    values,
+                });
+            }
+        }
+    }
     let bytes = if png {
-        render_png(&fig, width, height)
-            .map_err(|e| CliError::failure(format!("encoding PNG: {e}")))?
+        render_png(&fig, width, height)?
     } else {
         render_svg(&fig, width, height).into_bytes()
     };
     std::fs::write(output, bytes)
         .map_err(|e| CliError::failure(format!("writing {}: {e}", output.display())))?;
-    crate::print_out(&format!("wrote {}\n", output.display()))
+    crate::print_out(&format!("wrote {}\n", output.display()))?;
+    // the plot shows where a run stopped; the command still fails
+    if let Some((config, e)) = failures.into_iter().next() {
+        if setup.sized && is_no_fit(&e.source) {
+            let s = Setup { config, ..setup };
+            let nf = NoFit {
+                spec,
+                trace: &trace,
+                error: e,
+                pass: None,
+                passes: 1,
+            };
+            return Err(report_no_fit(&s, nf, false)?);
+        }
+        return Err(crate::run::replay_failure(spec, e));
+    }
+    Ok(())
 }
 
 /// Axis ranges, tick positions and the data-to-pixel mapping.
@@ -223,7 +374,12 @@ struct Layout {
     y_max: f64,
     x_ticks: Vec<(f64, String)>,
     y_ticks: Vec<(f64, String)>,
+    /// The y-axis title, naming the unit: `memory (GiB)`.
+    y_title: String,
 }
+
+/// The x-axis title.
+const X_TITLE: &str = "operation";
 
 fn nice_step(range: f64, target: f64) -> f64 {
     let raw = (range / target).max(1e-9);
@@ -241,9 +397,11 @@ fn nice_step(range: f64, target: f64) -> f64 {
     m * mag
 }
 
+/// A tick value: integers with thousands separators (`350,000`), else up
+/// to two decimals (`0.25`).
 fn fmt_num(v: f64) -> String {
     if (v - v.round()).abs() < 1e-9 {
-        format!("{}", v.round() as i64)
+        units::group_i(v.round() as i64)
     } else {
         let s = format!("{v:.2}");
         s.trim_end_matches('0').trim_end_matches('.').to_string()
@@ -257,6 +415,7 @@ impl Layout {
             .iter()
             .flat_map(|s| s.values.iter())
             .copied()
+            .chain(fig.device_memory)
             .max()
             .unwrap_or(0)
             .max(1) as f64;
@@ -267,14 +426,14 @@ impl Layout {
         } else if y_data >= 1024.0 {
             ("KiB", 1024.0)
         } else {
-            ("B", 1.0)
+            ("bytes", 1.0)
         };
         let ystep = nice_step(y_data / div, 5.0);
         let y_max = (y_data / div / ystep).ceil() * ystep * div;
         let mut y_ticks = Vec::new();
         let mut v = 0.0;
         while v <= y_max / div + 1e-9 {
-            y_ticks.push((v * div, format!("{} {unit}", fmt_num(v))));
+            y_ticks.push((v * div, fmt_num(v)));
             v += ystep;
         }
         let x_max = fig.ops.max(1) as f64;
@@ -286,14 +445,15 @@ impl Layout {
             x += xstep;
         }
         Self {
-            left: 100.0,
-            right: width as f64 - 20.0,
-            top: 40.0,
-            bottom: height as f64 - 50.0,
+            left: 80.0,
+            right: width as f64 - 24.0,
+            top: 44.0,
+            bottom: height as f64 - 52.0,
             x_max,
             y_max,
             x_ticks,
             y_ticks,
+            y_title: format!("memory ({unit})"),
         }
     }
 
@@ -324,6 +484,14 @@ impl Layout {
         pts
     }
 }
+
+/// The label of the device-capacity line.
+fn device_label(bytes: u64) -> String {
+    format!("device memory {}", units::human(bytes))
+}
+
+/// Legend rows: height in pixels, and the legend box's left and top.
+const LEGEND_ROW: f64 = 16.0;
 
 fn css(c: Rgb) -> String {
     format!("#{:02x}{:02x}{:02x}", c.0, c.1, c.2)
@@ -380,9 +548,55 @@ fn render_svg(fig: &Figure, width: u32, height: u32) -> String {
     );
     let _ = writeln!(
         s,
-        r#"<text x="{:.1}" y="{}" text-anchor="middle">operation index</text>"#,
+        r#"<text x="{:.1}" y="{}" text-anchor="middle">{X_TITLE}</text>"#,
         (l.left + l.right) / 2.0,
-        height - 12
+        height - 14
+    );
+    let _ = writeln!(
+        s,
+        r#"<text transform="translate(18,{:.1}) rotate(-90)" text-anchor="middle">{}</text>"#,
+        (l.top + l.bottom) / 2.0,
+        xml_escape(&l.y_title)
+    );
+    if let Some(m) = fig.device_memory {
+        let y = l.py(m as f64);
+        let _ = writeln!(
+            s,
+            r#"<line x1="{:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{}" stroke-width="1.5" stroke-dasharray="8,4"/><text x="{:.1}" y="{:.1}" text-anchor="end" fill="{}">{}</text>"#,
+            l.left,
+            l.right,
+            css(LIMIT),
+            l.right - 4.0,
+            y - 5.0,
+            css(LIMIT),
+            xml_escape(&device_label(m))
+        );
+    }
+    for &(op, color) in &fig.ooms {
+        let x = l.px(op as f64);
+        let _ = writeln!(
+            s,
+            r#"<line x1="{x:.1}" y1="{:.1}" x2="{x:.1}" y2="{:.1}" stroke="{}" stroke-width="1.5"/><text x="{:.1}" y="{:.1}" text-anchor="end" fill="{}">out of memory</text>"#,
+            l.top,
+            l.bottom,
+            css(color),
+            x - 4.0,
+            l.bottom - 6.0,
+            css(color)
+        );
+    }
+    let legend_w = fig
+        .series
+        .iter()
+        .map(|x| x.name.chars().count() as f64 * 6.6)
+        .fold(0.0, f64::max)
+        + 56.0;
+    let _ = writeln!(
+        s,
+        r##"<rect x="{:.1}" y="{:.1}" width="{legend_w:.1}" height="{:.1}" fill="white" fill-opacity="0.85" stroke="#c0c0c0"/>"##,
+        l.left + 6.0,
+        l.top + 2.0,
+        LEGEND_ROW * fig.series.len() as f64 + 6.0
     );
     for (i, ser) in fig.series.iter().enumerate() {
         let pts = l.polyline(&ser.values);
@@ -402,14 +616,14 @@ fn render_svg(fig: &Figure, width: u32, height: u32) -> String {
             xml_escape(&ser.name)
         );
         // Legend, top left inside the plot.
-        let ly = l.top + 12.0 + 16.0 * i as f64;
+        let ly = l.top + 12.0 + LEGEND_ROW * i as f64;
         let _ = writeln!(
             s,
             r#"<line x1="{:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{}" stroke-width="2"{dash}/><text x="{:.1}" y="{:.1}">{}</text>"#,
-            l.left + 10.0,
-            l.left + 40.0,
+            l.left + 12.0,
+            l.left + 42.0,
             css(ser.color),
-            l.left + 46.0,
+            l.left + 48.0,
             ly + 4.0,
             xml_escape(&ser.name)
         );
@@ -418,19 +632,32 @@ fn render_svg(fig: &Figure, width: u32, height: u32) -> String {
     s
 }
 
-fn render_png(fig: &Figure, width: u32, height: u32) -> Result<Vec<u8>, png::EncodingError> {
+fn render_png(fig: &Figure, width: u32, height: u32) -> Result<Vec<u8>, CliError> {
+    use crate::raster::text_width;
     const BLACK: Rgb = (0, 0, 0);
     const GRID: Rgb = (224, 224, 224);
+    const LABEL: f32 = 12.0;
+    const TITLE: f32 = 15.0;
+    let font =
+        crate::raster::font().map_err(|e| CliError::failure(format!("the bundled font: {e}")))?;
+    let h = Dir::Horizontal;
     let l = Layout::new(fig, width, height);
     let mut c = Canvas::new(width, height, (255, 255, 255));
     let mut phase = 0;
-    let title_w = Canvas::text_width(&fig.title, 2);
-    c.text((width as i64 - title_w) / 2, 10, &fig.title, BLACK, 2);
+    let tw = text_width(&font, &fig.title, TITLE);
+    c.text(
+        &font,
+        ((f64::from(width) - tw) / 2.0, 26.0),
+        &fig.title,
+        TITLE,
+        BLACK,
+        h,
+    );
     for (v, label) in &l.y_ticks {
         let y = l.py(*v);
         c.line((l.left, y), (l.right, y), GRID, 1, None, &mut phase);
-        let w = Canvas::text_width(label, 1);
-        c.text(l.left as i64 - 6 - w, y as i64 - 3, label, BLACK, 1);
+        let w = text_width(&font, label, LABEL);
+        c.text(&font, (l.left - 6.0 - w, y + 4.0), label, LABEL, BLACK, h);
     }
     for (v, label) in &l.x_ticks {
         let x = l.px(*v);
@@ -442,8 +669,15 @@ fn render_png(fig: &Figure, width: u32, height: u32) -> Result<Vec<u8>, png::Enc
             None,
             &mut phase,
         );
-        let w = Canvas::text_width(label, 1);
-        c.text(x as i64 - w / 2, l.bottom as i64 + 9, label, BLACK, 1);
+        let w = text_width(&font, label, LABEL);
+        c.text(
+            &font,
+            (x - w / 2.0, l.bottom + 19.0),
+            label,
+            LABEL,
+            BLACK,
+            h,
+        );
     }
     c.line(
         (l.left, l.top),
@@ -461,32 +695,139 @@ fn render_png(fig: &Figure, width: u32, height: u32) -> Result<Vec<u8>, png::Enc
         None,
         &mut phase,
     );
-    let xl = "operation index";
+    let w = text_width(&font, X_TITLE, LABEL);
     c.text(
-        ((l.left + l.right) / 2.0) as i64 - Canvas::text_width(xl, 1) / 2,
-        height as i64 - 18,
-        xl,
+        &font,
+        ((l.left + l.right - w) / 2.0, f64::from(height) - 14.0),
+        X_TITLE,
+        LABEL,
         BLACK,
-        1,
+        h,
     );
-    for (i, ser) in fig.series.iter().enumerate() {
+    let w = text_width(&font, &l.y_title, LABEL);
+    c.text(
+        &font,
+        (22.0, (l.top + l.bottom + w) / 2.0),
+        &l.y_title,
+        LABEL,
+        BLACK,
+        Dir::Up,
+    );
+    if let Some(m) = fig.device_memory {
+        let y = l.py(m as f64);
+        let mut p = 0;
+        c.line((l.left, y), (l.right, y), LIMIT, 2, Some((8, 4)), &mut p);
+        let label = device_label(m);
+        let w = text_width(&font, &label, LABEL);
+        c.text(&font, (l.right - 4.0 - w, y - 6.0), &label, LABEL, LIMIT, h);
+    }
+    for &(op, color) in &fig.ooms {
+        let x = l.px(op as f64);
+        let mut p = 0;
+        c.line((x, l.top), (x, l.bottom), color, 2, None, &mut p);
+        let label = "out of memory";
+        let w = text_width(&font, label, LABEL);
+        c.text(&font, (x - 4.0 - w, l.bottom - 6.0), label, LABEL, color, h);
+    }
+    let legend_w = fig
+        .series
+        .iter()
+        .map(|x| text_width(&font, &x.name, LABEL))
+        .fold(0.0, f64::max)
+        + 50.0;
+    let (bx, by) = (l.left + 6.0, l.top + 2.0);
+    let bh = LEGEND_ROW * fig.series.len() as f64 + 6.0;
+    for ser in &fig.series {
         let dash = ser.dashed.then_some((6, 4));
         let pts = l.polyline(&ser.values);
         let mut phase = 0;
         for w in pts.windows(2) {
             c.line(w[0], w[1], ser.color, 2, dash, &mut phase);
         }
-        let ly = l.top + 12.0 + 14.0 * i as f64;
+    }
+    // legend over the lines, on a white box
+    c.fill_rect(
+        bx as i64,
+        by as i64,
+        (bx + legend_w) as i64,
+        (by + bh) as i64,
+        (255, 255, 255),
+    );
+    let frame = (192, 192, 192);
+    let mut p = 0;
+    for (a, b) in [
+        ((bx, by), (bx + legend_w, by)),
+        ((bx + legend_w, by), (bx + legend_w, by + bh)),
+        ((bx + legend_w, by + bh), (bx, by + bh)),
+        ((bx, by + bh), (bx, by)),
+    ] {
+        c.line(a, b, frame, 1, None, &mut p);
+    }
+    for (i, ser) in fig.series.iter().enumerate() {
+        let dash = ser.dashed.then_some((6, 4));
+        let ly = l.top + 12.0 + LEGEND_ROW * i as f64;
         let mut p = 0;
         c.line(
-            (l.left + 10.0, ly),
-            (l.left + 40.0, ly),
+            (l.left + 12.0, ly),
+            (l.left + 42.0, ly),
             ser.color,
             2,
             dash,
             &mut p,
         );
-        c.text(l.left as i64 + 46, ly as i64 - 3, &ser.name, BLACK, 1);
+        c.text(&font, (l.left + 48.0, ly + 4.0), &ser.name, LABEL, BLACK, h);
     }
     c.to_png()
+        .map_err(|e| CliError::failure(format!("encoding PNG: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn figure(values: Vec<u64>, device_memory: Option<u64>) -> Figure {
+        Figure {
+            title: "t: memory".into(),
+            ops: values.len(),
+            series: vec![Series {
+                name: "reserved, peak 3.00 GiB".into(),
+                color: PALETTE[0],
+                dashed: false,
+                values,
+            }],
+            device_memory,
+            ooms: vec![(2, LIMIT)],
+        }
+    }
+
+    #[test]
+    fn ticks_have_separators_and_the_axes_titles() {
+        let fig = figure(vec![0; 350_000], None);
+        let l = Layout::new(&fig, 1200, 600);
+        assert!(
+            l.x_ticks.iter().any(|t| t.1 == "350,000"),
+            "{:?}",
+            l.x_ticks
+        );
+        assert_eq!(fmt_num(1234567.0), "1,234,567");
+        assert_eq!(fmt_num(0.25), "0.25");
+        let fig = figure(vec![3 << 30, 1 << 30], Some(24 << 30));
+        let l = Layout::new(&fig, 1200, 600);
+        assert_eq!(l.y_title, "memory (GiB)");
+        // the device line is inside the plot
+        assert!(l.y_max >= (24u64 << 30) as f64);
+        let svg = render_svg(&fig, 1200, 600);
+        for needle in [
+            ">memory (GiB)</text>",
+            "rotate(-90)",
+            ">operation</text>",
+            ">device memory 24.00 GiB</text>",
+            ">out of memory</text>",
+            ">reserved, peak 3.00 GiB<",
+        ] {
+            assert!(svg.contains(needle), "{needle} not in the SVG");
+        }
+        let png = render_png(&fig, 1200, 600).unwrap();
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    }
 }

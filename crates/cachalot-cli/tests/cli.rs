@@ -42,12 +42,21 @@ fn tmp_dir() -> PathBuf {
 /// 25 MiB block on stream 1, one block left live at the end.
 fn small_trace() -> PathBuf {
     let p = tmp_dir().join("small.trace");
-    std::fs::write(
+    write_atomically(
         &p,
         "# small\na 0 3145728 0\na 1 1000 0\na 2 26214400 1\nf 0\nf 2\na 3 512 1\n",
-    )
-    .unwrap();
+    );
     p
+}
+
+/// Writes `text` to `path` through a rename, so that a test running at the
+/// same time never reads the file half written.
+fn write_atomically(path: &std::path::Path, text: &str) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let tmp = path.with_extension(format!("tmp{}", N.fetch_add(1, Ordering::Relaxed)));
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
 }
 
 fn repo_trace(name: &str) -> String {
@@ -85,6 +94,11 @@ fn replay_json_has_cca_replay_fields() {
     let out = replay_small(&["--json", "--passes", "3"]);
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 1, "{out}");
+    // cca_replay's order: the trace name first
+    assert!(
+        lines[0].starts_with("{\"trace\":\"small\",\"ops\":6,"),
+        "{out}"
+    );
     let v: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
     let obj = v.as_object().unwrap();
     let keys: Vec<&str> = obj.keys().map(String::as_str).collect();
@@ -155,12 +169,16 @@ fn replay_human_output_is_a_table() {
     }
 }
 
+/// `--stats --json`: one JSON line per trace, its memory_stats() (PyTorch's
+/// 122 keys) inside it; without --json a line naming the trace.
 #[test]
 fn stats_prints_122_pytorch_keys() {
     let out = replay_small(&["--json", "--stats"]);
     let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines.len(), 2);
-    let v: serde_json::Value = serde_json::from_str(lines[1]).unwrap();
+    assert_eq!(lines.len(), 1, "{out}");
+    let line: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+    assert_eq!(line["trace"], "small");
+    let v = &line["memory_stats"];
     let m = v.as_object().unwrap();
     assert_eq!(m.len(), 122);
     let keys: Vec<&String> = m.keys().collect();
@@ -175,6 +193,43 @@ fn stats_prints_122_pytorch_keys() {
     assert_eq!(m["num_device_alloc"], 4);
     assert!(m.contains_key("reserved_bytes.large_pool.peak"));
     assert!(m.contains_key("oversize_segments.freed"));
+    // the cca_replay fields are all there too
+    for k in REPLAY_FIELDS {
+        assert!(line.get(k).is_some(), "{k}");
+    }
+    // several traces: one line each, each naming its trace
+    let o = run(&[
+        "replay",
+        "hit_1mib",
+        "churn_1stream",
+        "--backend",
+        "mock",
+        "--json",
+        "--stats",
+        "--passes",
+        "1",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let names: Vec<String> = stdout(&o)
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            assert_eq!(v["memory_stats"].as_object().unwrap().len(), 122);
+            v["trace"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(names, ["hit_1mib", "churn_1stream"]);
+    let text = replay_small(&["--stats"]);
+    let stats_line = text
+        .lines()
+        .find(|l| l.contains("memory_stats"))
+        .expect("a stats line");
+    assert!(
+        stats_line
+            .trim_start()
+            .starts_with("memory_stats of small: {"),
+        "{stats_line}"
+    );
 }
 
 #[test]
@@ -367,13 +422,19 @@ fn plot_writes_svg_and_png() {
     let s = std::fs::read_to_string(&svg).unwrap();
     assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
     for name in [
-        "reserved",
-        "allocated",
-        "allocated stream 1",
-        "reserved stream 0",
+        "reserved, peak ",
+        "allocated, peak ",
+        "allocated, stream 1<",
+        "reserved, stream 0<",
+        ">operation<",
+        ">memory (MiB)<",
     ] {
-        assert!(s.contains(&format!(">{name}<")), "legend {name}");
+        assert!(s.contains(name), "legend {name}");
     }
+    assert!(
+        !s.contains("GIB") && !s.contains("MIB"),
+        "upper-cased units"
+    );
     let p = std::fs::read(&png).unwrap();
     assert_eq!(&p[..8], b"\x89PNG\r\n\x1a\n");
     // IHDR: width 1200, height 600.
@@ -482,7 +543,7 @@ fn closed_stdout_is_not_a_panic() {
 /// Writes `text` as the trace file `name` in the temp dir; returns its path.
 fn write_trace(name: &str, text: &str) -> String {
     let p = tmp_dir().join(name);
-    std::fs::write(&p, text).unwrap();
+    write_atomically(&p, text);
     p.to_str().unwrap().to_string()
 }
 
@@ -730,4 +791,568 @@ fn help_documents_exit_codes_and_limits() {
     ] {
         assert!(out.contains(needle), "'{needle}' not in --help:\n{out}");
     }
+}
+
+/// Two 30 MiB blocks live at once: 60 MiB is the smallest device (two
+/// 30 MiB segments), under every policy.
+fn two_blocks_trace() -> String {
+    write_trace(
+        "two30.trace",
+        "# two blocks\na 0 31457280 0\na 1 31457280 0\nf 0\nf 1\n",
+    )
+}
+
+/// `--device-memory`: "fits" with the share of the device, or the first
+/// failing operation, the OOM report and the smallest device; the same for
+/// summary and plot, as text and JSON.
+#[test]
+fn device_memory_answers_fits_or_the_first_failing_operation() {
+    let t = two_blocks_trace();
+    let o = run(&["replay", &t, "--device-memory", "64MiB", "--passes", "2"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("fits on 64.00 MiB (67,108,864 B): peak reserved is 93.8% of the device"),
+        "{out}"
+    );
+    assert!(out.contains("(mock backend, 2 passes)"), "{out}");
+    let o = run(&["replay", &t, "--device-memory", "40MiB"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let out = stdout(&o);
+    for needle in [
+        "trace two30 does not fit on 40.00 MiB (41,943,040 B) (mock backend, config: default)",
+        &format!("first failing operation: {t}:3: 'a 1 31457280 0' (operation 2, pass 1)"),
+        "out of memory.",
+        "Tried to allocate 30.00 MiB.",
+        "smallest device it fits on with this config: 60.00 MiB (62,914,560 B",
+        "cachalot fit ",
+    ] {
+        assert!(out.contains(needle), "'{needle}' not in\n{out}");
+    }
+    assert!(
+        stderr(&o).contains(&format!("{t}:3: 'a 1 31457280 0': the trace does not fit")),
+        "{}",
+        stderr(&o)
+    );
+    // JSON: fits or not, and the smallest device
+    let o = run(&["replay", &t, "--device-memory", "64MiB", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(
+        (v["fits"].clone(), v["device_memory"].clone()),
+        (true.into(), (64u64 << 20).into())
+    );
+    let o = run(&["replay", &t, "--device-memory", "40MiB", "--json"]);
+    assert_eq!(o.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(v["fits"], false);
+    assert_eq!(v["failed_line"], 3);
+    assert_eq!(v["failed_op"], "a 1 31457280 0");
+    assert_eq!(v["failed_pass"], 1);
+    assert_eq!(v["smallest_device"], 60u64 << 20);
+    assert!(
+        v["error"].as_str().unwrap().contains("out of memory"),
+        "{v}"
+    );
+    // summary
+    let o = run(&["summary", &t, "--device-memory", "60MiB"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains("fits on 60.00 MiB"), "{}", stdout(&o));
+    let o = run(&["summary", &t, "--device-memory", "59MiB"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stdout(&o).contains("does not fit on 59.00 MiB"),
+        "{}",
+        stdout(&o)
+    );
+    // plot: the picture is written (ending at the failing operation), then exit 1
+    let svg = tmp_dir().join("nofit.svg");
+    let o = run(&[
+        "plot",
+        &t,
+        "--device-memory",
+        "40MiB",
+        "-o",
+        svg.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let s = std::fs::read_to_string(&svg).unwrap();
+    assert!(s.contains(">out of memory</text>"), "no OOM marker");
+    assert!(
+        s.contains(">device memory 40.00 MiB</text>"),
+        "no device line"
+    );
+    assert!(
+        stdout(&o).contains("does not fit on 40.00 MiB"),
+        "{}",
+        stdout(&o)
+    );
+}
+
+/// `--device-memory` is bounded and typed; it means the mock.
+#[test]
+fn device_memory_garbage_is_a_usage_error() {
+    for (v, needle) in [
+        ("lots", "'lots' is not a size"),
+        ("24 GiBs", "is not a size"),
+        ("-1GiB", "is not a size"),
+        ("5TiB", "out of range"),
+        ("1000", "out of range"),
+        ("18446744073709551616", "out of range"),
+    ] {
+        let o = run_quick(&["replay", "hit_1mib", &format!("--device-memory={v}")]);
+        assert_usage_error(&o, needle);
+        assert!(stderr(&o).contains("--device-memory"), "{}", stderr(&o));
+    }
+    let o = run(&[
+        "replay",
+        "hit_1mib",
+        "--device-memory",
+        "24GiB",
+        "--backend",
+        "cuda",
+    ]);
+    assert_usage_error(&o, "mock backend");
+    // the same flag on every trace command
+    let svg = tmp_dir().join("dm.svg");
+    for cmd in [
+        &["summary", "hit_1mib", "--device-memory", "lots"][..],
+        &[
+            "plot",
+            "hit_1mib",
+            "--device-memory",
+            "lots",
+            "-o",
+            svg.to_str().unwrap(),
+        ][..],
+    ] {
+        assert_usage_error(&run(cmd), "'lots'");
+    }
+}
+
+/// `CACHALOT_MOCK_MEMORY` sizes the mock of every command; a bad value is
+/// a usage error naming the variable.
+#[test]
+fn mock_memory_variable_is_honoured() {
+    let t = two_blocks_trace();
+    let o = bin()
+        .args(["replay", &t, "--backend", "mock"])
+        .env("CACHALOT_MOCK_MEMORY", "41943040")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("does not fit on 40.00 MiB"),
+        "{}",
+        stdout(&o)
+    );
+    // --device-memory wins over the variable
+    let o = bin()
+        .args(["replay", &t, "--device-memory", "1GiB"])
+        .env("CACHALOT_MOCK_MEMORY", "41943040")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    for v in ["lots", "99999999999999999999", "1000"] {
+        let o = bin()
+            .args(["replay", &t, "--backend", "mock"])
+            .env("CACHALOT_MOCK_MEMORY", v)
+            .output()
+            .unwrap();
+        assert_usage_error(&o, "CACHALOT_MOCK_MEMORY");
+    }
+    // capture-sim's simulated device too: 2 MiB cannot hold its program
+    let o = bin()
+        .args(["capture-sim", "--ops", "200", "--timing-runs", "1"])
+        .env("CACHALOT_MOCK_MEMORY", "2097152")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("out of memory"), "{}", stderr(&o));
+}
+
+/// `cachalot fit`: a row per policy, the exact smallest device, and
+/// `replay --device-memory` agrees with it (fits there, not 2 MiB below).
+#[test]
+fn fit_finds_the_smallest_device_per_policy() {
+    let t = two_blocks_trace();
+    let o = run(&["fit", &t]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    for needle in [
+        "policy",
+        "smallest device",
+        "peak reserved",
+        "peak live",
+        "device/live",
+        "PyTorch default",
+        "PyTorch expandable",
+        "cachalot default",
+        "cachalot expandable",
+        "62,914,560 B (60.00 MiB)",
+        "replays in",
+    ] {
+        assert!(out.contains(needle), "'{needle}' not in\n{out}");
+    }
+    let gpt2 = repo_trace("gpt2_train.trace");
+    let o = run(&["fit", &gpt2, "--json", "--passes", "2"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let rows: Vec<serde_json::Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let names: Vec<&str> = rows.iter().map(|r| r["policy"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "pytorch",
+            "pytorch-expandable",
+            "cachalot",
+            "cachalot-expandable"
+        ]
+    );
+    for r in &rows {
+        assert_eq!(r["fits"], true, "{r}");
+        let smallest = r["smallest_device"].as_u64().unwrap();
+        let reserved = r["peak_reserved"].as_u64().unwrap();
+        let live = r["peak_live"].as_u64().unwrap();
+        assert!(live <= smallest && smallest <= reserved, "{r}");
+        assert_eq!(smallest % (2 << 20), 0, "{r}");
+        let config = r["config"].as_str().unwrap();
+        let fits_at = |bytes: u64| {
+            let o = run(&[
+                "replay",
+                &gpt2,
+                "--config",
+                config,
+                "--passes",
+                "2",
+                "--json",
+                "--device-memory",
+                &bytes.to_string(),
+            ]);
+            assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+            o.status.code() == Some(0)
+        };
+        assert!(fits_at(smallest), "{r}");
+        assert!(!fits_at(smallest - (2 << 20)), "{r}");
+    }
+    // PyTorch 2.11's figures for gpt2 on an unconstrained device
+    assert_eq!(rows[0]["peak_reserved"], 8_082_423_808u64);
+    // bad input
+    assert_usage_error(&run(&["fit", &t, "--passes", "0"]), "'0'");
+    assert_usage_error(&run(&["fit", &t, "--config", "bogus:1"]), "bogus");
+    assert_usage_error(&run(&["fit", "missing.trace"]), "missing.trace");
+}
+
+/// A PyTorch user's environment: keys of another PyTorch allocator are
+/// ignored with one warning on every subcommand; any other bad key is
+/// still exit 2 on every subcommand, and `--config` wins over the variable.
+#[test]
+fn pytorch_environments_just_work_on_every_subcommand() {
+    let t = two_blocks_trace();
+    let svg = tmp_dir().join("env.svg");
+    let svg = svg.to_str().unwrap();
+    let commands: Vec<Vec<&str>> = vec![
+        vec!["replay", &t, "--backend", "mock", "--passes", "1"],
+        vec!["summary", &t, "--backend", "mock"],
+        vec!["plot", &t, "--backend", "mock", "-o", svg],
+        vec![
+            "threads",
+            "--backend",
+            "mock",
+            "--threads",
+            "1",
+            "--ops",
+            "100",
+        ],
+        vec!["capture-sim", "--ops", "50", "--timing-runs", "1"],
+        vec!["fit", &t, "--passes", "1"],
+    ];
+    for (var, conf) in [
+        ("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync"),
+        (
+            "PYTORCH_ALLOC_CONF",
+            "pinned_use_background_threads:True,expandable_segments:True",
+        ),
+        (
+            "CACHALOT_ALLOC_CONF",
+            "backend:native,pinned_num_register_threads:8",
+        ),
+        (
+            "PYTORCH_HIP_ALLOC_CONF",
+            "backend:hipMallocAsync,pinned_reserve_segment_size_mb:64",
+        ),
+    ] {
+        for cmd in &commands {
+            let o = bin().args(cmd).env(var, conf).output().unwrap();
+            assert_eq!(
+                o.status.code(),
+                Some(0),
+                "{var}={conf} {cmd:?}: {}",
+                stderr(&o)
+            );
+            let err = stderr(&o);
+            let warnings: Vec<&str> = err.lines().filter(|l| l.contains("warning")).collect();
+            assert_eq!(warnings.len(), 1, "{var}={conf} {cmd:?}: {err}");
+            assert!(
+                warnings[0].contains("ignored") && warnings[0].contains(var),
+                "{err}"
+            );
+        }
+    }
+    for cmd in &commands {
+        let o = bin()
+            .args(cmd)
+            .env("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:lots")
+            .output()
+            .unwrap();
+        assert_usage_error(&o, "max_split_size_mb");
+        assert!(
+            stderr(&o).contains("PYTORCH_CUDA_ALLOC_CONF"),
+            "{}",
+            stderr(&o)
+        );
+        // --config wins over the environment
+        let mut with = cmd.clone();
+        with.extend(["--config", "max_split_size_mb:100"]);
+        let o = bin()
+            .args(&with)
+            .env("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:lots")
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{with:?}: {}", stderr(&o));
+        let mut bad = cmd.clone();
+        bad.extend(["--config", "no_such_key:1"]);
+        assert_usage_error(&run(&bad), "no_such_key");
+    }
+}
+
+/// capture-sim takes its reuse mode from the config when --reuse is not
+/// given; --reuse wins.
+#[test]
+fn capture_sim_honours_the_config() {
+    let figures = |args: &[&str], env: Option<&str>| {
+        let mut c = bin();
+        c.args([
+            "capture-sim",
+            "--ops",
+            "300",
+            "--seed",
+            "3",
+            "--json",
+            "--timing-runs",
+            "1",
+        ])
+        .args(args);
+        if let Some(e) = env {
+            c.env("CACHALOT_ALLOC_CONF", e);
+        }
+        let o = c.output().unwrap();
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+        (v["peak_reserved"].clone(), v["reused_blocks"].clone())
+    };
+    let cross = figures(&["--reuse", "cross-stream"], None);
+    let off = figures(&["--reuse", "off"], None);
+    assert_ne!(cross, off, "the program reuses no block");
+    let conf = "graph_capture_record_stream_reuse:True";
+    assert_eq!(figures(&["--config", conf], None), cross);
+    assert_eq!(figures(&[], Some(conf)), cross);
+    assert_eq!(figures(&["--reuse", "off"], Some(conf)), off);
+}
+
+/// `-` reads the trace from standard input, once.
+#[test]
+fn dash_reads_standard_input() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let text = std::fs::read_to_string(small_trace()).unwrap();
+    let piped = |args: &[&str]| {
+        let mut child = bin()
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // (a command that refuses its arguments exits before reading: a
+        // closed pipe then is not the test's failure)
+        let _ = child.stdin.take().unwrap().write_all(text.as_bytes());
+        child.wait_with_output().unwrap()
+    };
+    let o = piped(&[
+        "replay",
+        "-",
+        "--backend",
+        "mock",
+        "--json",
+        "--passes",
+        "3",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let mut v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(v["trace"], "stdin");
+    let mut file: serde_json::Value =
+        serde_json::from_str(replay_small(&["--json", "--passes", "3"]).trim()).unwrap();
+    for j in [&mut v, &mut file] {
+        let m = j.as_object_mut().unwrap();
+        m.remove("trace");
+        m.remove("cold_ns_per_op");
+        m.remove("warm_ns_per_op");
+    }
+    assert_eq!(v, file, "stdin and the file give the same figures");
+    let o = piped(&["summary", "-", "--backend", "mock"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains("Allocated memory"));
+    let o = piped(&["fit", "-", "--passes", "1"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = piped(&["replay", "-", "-", "--backend", "mock"]);
+    assert_usage_error(&o, "only once");
+    // a malformed trace on stdin names <stdin> and the line
+    let mut child = bin()
+        .args(["replay", "-", "--backend", "mock"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _ = child.stdin.take().unwrap().write_all(b"a 0 1 0\nzz\n");
+    let o = child.wait_with_output().unwrap();
+    assert_usage_error(&o, "<stdin>:2");
+}
+
+/// A bad `--snapshot` path fails before the replay (exit 2, naming the
+/// path), and a failed replay leaves no empty snapshot file behind.
+#[test]
+fn snapshot_path_is_checked_before_the_replay() {
+    let gpt2 = repo_trace("gpt2_train.trace");
+    let bad = tmp_dir().join("no/such/dir/snap.pickle");
+    let t0 = std::time::Instant::now();
+    let o = run(&[
+        "replay",
+        &gpt2,
+        "--backend",
+        "mock",
+        "--passes",
+        "10000",
+        "--snapshot",
+        bad.to_str().unwrap(),
+    ]);
+    assert_usage_error(&o, "no/such/dir/snap.pickle");
+    assert!(stderr(&o).contains("--snapshot"), "{}", stderr(&o));
+    // 10000 passes of gpt2 would take far longer than this
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(20),
+        "{:?}",
+        t0.elapsed()
+    );
+    let snap = tmp_dir().join("failed.json");
+    let _ = std::fs::remove_file(&snap);
+    let o = run(&[
+        "replay",
+        &two_blocks_trace(),
+        "--device-memory",
+        "40MiB",
+        "--snapshot",
+        snap.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(!snap.exists(), "an empty snapshot file was left behind");
+}
+
+/// The remaining numeric surprises: 0 is refused, not silently raised to 1.
+#[test]
+fn zero_counts_are_refused() {
+    for args in [
+        &["replay", "hit_1mib", "--passes", "0"][..],
+        &["capture-sim", "--timing-runs", "0"][..],
+        &["fit", "hit_1mib", "--passes", "0"][..],
+        &["threads", "--threads", "0"][..],
+        &["threads", "--ops", "0"][..],
+    ] {
+        assert_usage_error(&run_quick(args), "'0'");
+    }
+}
+
+/// Every subcommand's `--help` shows examples that name it.
+#[test]
+fn every_subcommand_help_has_an_example() {
+    for sub in ["replay", "summary", "plot", "fit", "threads", "capture-sim"] {
+        let o = run(&[sub, "--help"]);
+        assert_eq!(o.status.code(), Some(0), "{sub}");
+        let out = stdout(&o);
+        assert!(out.contains("Examples:"), "{sub} --help:\n{out}");
+        assert!(
+            out.contains(&format!("  cachalot {sub} ")),
+            "{sub} --help:\n{out}"
+        );
+    }
+    let o = run(&["--help"]);
+    assert!(stdout(&o).contains("cachalot fit "), "{}", stdout(&o));
+}
+
+/// `plot --compare`: one picture, the reserved bytes of each config.
+#[test]
+fn plot_compare_overlays_configs() {
+    let dir = tmp_dir();
+    let trace = repo_trace("side_stream_pipeline.trace");
+    let svg = dir.join("cmp.svg");
+    let png = dir.join("cmp.png");
+    for out in [&svg, &png] {
+        let o = run(&[
+            "plot",
+            &trace,
+            "--backend",
+            "mock",
+            "-o",
+            out.to_str().unwrap(),
+            "--compare",
+            "placement:pytorch,expandable_segments:True",
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    }
+    let s = std::fs::read_to_string(&svg).unwrap();
+    for needle in [
+        ">reserved, default: peak ",
+        ">reserved, placement:pytorch,expandable_segments:True: peak ",
+        "reserved memory of 2 configs over 630 operations",
+    ] {
+        assert!(s.contains(needle), "'{needle}' not in the SVG");
+    }
+    assert!(!s.contains("stream 1"), "per-stream lines in a comparison");
+    assert_eq!(&std::fs::read(&png).unwrap()[..8], b"\x89PNG\r\n\x1a\n");
+    let out = svg.to_str().unwrap();
+    let o = run(&["plot", &trace, "-o", out, "--compare", "bogus:1"]);
+    assert_usage_error(&o, "--compare");
+    let mut five = vec!["plot", &trace, "-o", out];
+    for _ in 0..5 {
+        five.extend(["--compare", "placement:pytorch"]);
+    }
+    assert_usage_error(&run(&five), "at most 4");
+}
+
+/// The plot's labels: lower case units, axis titles, thousands separators.
+#[test]
+fn plot_labels_are_readable() {
+    let svg = tmp_dir().join("gpt2.svg");
+    let o = run(&[
+        "plot",
+        &repo_trace("gpt2_train.trace"),
+        "--backend",
+        "mock",
+        "-o",
+        svg.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let s = std::fs::read_to_string(&svg).unwrap();
+    for needle in [
+        ">2,000<",
+        ">8,000<",
+        ">memory (GiB)<",
+        ">operation<",
+        "memory over 9,489 operations",
+        "reserved, peak 7.53 GiB",
+    ] {
+        assert!(s.contains(needle), "'{needle}' not in the SVG");
+    }
+    assert!(!s.contains(">8000<"), "a tick without separators");
 }

@@ -8,6 +8,20 @@
 //! `max_non_split_rounding` to their defaults; every other key keeps its
 //! previous value unless named (PyTorch 2.11's runtime re-parse semantics).
 //!
+//! # Keys of another PyTorch allocator
+//!
+//! A PyTorch user's `PYTORCH_CUDA_ALLOC_CONF` may name keys that belong to
+//! an allocator cachalot does not replace: `backend:cudaMallocAsync` (or
+//! `hipMallocAsync`, PyTorch's asynchronous backend) and the `pinned_*`
+//! keys of the pinned host-memory allocator. Their values are checked as
+//! PyTorch checks them (a malformed or out-of-range value is still a typed
+//! error), then ignored: [`AllocatorConfig::parse_with_warnings`] and its
+//! siblings return one [`ConfigWarning`] per ignored key, and
+//! [`AllocatorConfig::apply`] logs them through `tracing` (once per
+//! process). Every other key is honoured or, where cachalot does not act
+//! on it, takes only its default value (any other value is a typed "not
+//! supported" error).
+//!
 //! # Bounds
 //!
 //! The input is hostile until checked: a string is at most
@@ -30,6 +44,7 @@
 
 use std::env::VarError;
 use std::ffi::OsString;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::error::{ConfigError, ConfigErrorKind};
 
@@ -67,6 +82,39 @@ pub const CONFIG_ENV_VARS: [&str; 4] = [
     "PYTORCH_HIP_ALLOC_CONF",
     "PYTORCH_ALLOC_CONF",
 ];
+
+/// A key of the config string that belongs to another PyTorch allocator
+/// (its `cudaMallocAsync` backend, its pinned host-memory allocator) and
+/// that cachalot ignored: the value was valid for PyTorch and changed
+/// nothing here.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigWarning {
+    /// The key, as written.
+    pub key: String,
+    /// Its value (cut after [`ECHO_LIMIT`] characters).
+    pub value: String,
+    /// Why cachalot ignores it.
+    pub reason: &'static str,
+    /// The environment variable the string came from, if any.
+    pub env_var: Option<&'static str>,
+}
+
+impl std::fmt::Display for ConfigWarning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "'{}:{}' ignored: {}", self.key, self.value, self.reason)?;
+        if let Some(v) = self.env_var {
+            write!(f, " (from {v})")?;
+        }
+        Ok(())
+    }
+}
+
+/// Why `backend:cudaMallocAsync` is ignored.
+const OTHER_BACKEND: &str = "it selects PyTorch's cudaMallocAsync allocator; cachalot is the \
+                             caching allocator (PyTorch's `native` backend)";
+/// Why the `pinned_*` keys are ignored.
+const HOST_ALLOCATOR: &str = "it configures PyTorch's pinned host-memory allocator, which \
+                              cachalot does not replace";
 
 const MIB: u64 = 1 << 20;
 /// Number of `roundup_power2_divisions` intervals.
@@ -129,13 +177,14 @@ pub struct AllocatorConfig {
     pub idle_stream_reuse: bool,
     /// cachalot extension: block placement (`steady` or `pytorch`).
     pub placement: Placement,
-    /// Pinned host allocator: register with the device (stored only).
+    /// Pinned host allocator: register with the device (always the default:
+    /// the `pinned_*` keys are checked and ignored).
     pub pinned_use_host_register: bool,
-    /// Pinned host allocator: registration threads (stored only).
+    /// Pinned host allocator: registration threads (always the default).
     pub pinned_num_register_threads: u64,
-    /// Pinned host allocator: background threads (stored only).
+    /// Pinned host allocator: background threads (always the default).
     pub pinned_use_background_threads: bool,
-    /// Pinned host allocator: reserve segment size in MiB (stored only).
+    /// Pinned host allocator: reserve segment size in MiB (always the default).
     pub pinned_reserve_segment_size_mb: u64,
     /// The last string parsed (reported in snapshots).
     pub last_config_string: String,
@@ -509,9 +558,6 @@ fn boundary(key: &str, v: &str) -> Result<u64, ConfigError> {
     Ok(n)
 }
 
-/// Why the pinned-memory keys take only their defaults.
-const NO_HOST_ALLOCATOR: &str = "cachalot has no pinned host-memory allocator";
-
 /// A boolean key cachalot does not act on: `False` (the default, what
 /// cachalot does) is accepted, `True` is a typed "not supported" error
 /// saying why; never accepted and ignored.
@@ -595,25 +641,52 @@ fn sticky_field(key: &str) -> Option<&'static str> {
 }
 
 impl AllocatorConfig {
-    /// Parses a config string over the defaults.
+    /// Parses a config string over the defaults. The keys of another
+    /// PyTorch allocator are ignored (see [`AllocatorConfig::apply`]).
     pub fn parse(s: &str) -> Result<Self, ConfigError> {
         let mut c = Self::default();
         c.apply(s)?;
         Ok(c)
     }
 
+    /// [`AllocatorConfig::parse`], also returning the keys of another
+    /// PyTorch allocator it ignored, one [`ConfigWarning`] each, without
+    /// logging them (the caller reports them).
+    pub fn parse_with_warnings(s: &str) -> Result<(Self, Vec<ConfigWarning>), ConfigError> {
+        let mut c = Self::default();
+        let w = c.apply_with_warnings(s)?;
+        Ok((c, w))
+    }
+
     /// Reads the first set variable of [`CONFIG_ENV_VARS`]; defaults if none
     /// is set. A bad value, or one that is not UTF-8, is an error naming the
-    /// variable ([`ConfigError::env_var`]).
+    /// variable ([`ConfigError::env_var`]). Ignored keys are logged as
+    /// [`AllocatorConfig::apply`] does.
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::from_lookup(std::env::var_os)
+    }
+
+    /// [`AllocatorConfig::from_env`], also returning the ignored keys (each
+    /// naming its variable), without logging them.
+    pub fn from_env_with_warnings() -> Result<(Self, Vec<ConfigWarning>), ConfigError> {
+        Self::from_lookup_with_warnings(std::env::var_os)
     }
 
     /// [`AllocatorConfig::from_env`] over `lookup` instead of the process
     /// environment.
     pub(crate) fn from_lookup(
-        mut lookup: impl FnMut(&'static str) -> Option<OsString>,
+        lookup: impl FnMut(&'static str) -> Option<OsString>,
     ) -> Result<Self, ConfigError> {
+        let (c, w) = Self::from_lookup_with_warnings(lookup)?;
+        log_warnings(&w);
+        Ok(c)
+    }
+
+    /// [`AllocatorConfig::from_env_with_warnings`] over `lookup` instead of
+    /// the process environment.
+    pub(crate) fn from_lookup_with_warnings(
+        mut lookup: impl FnMut(&'static str) -> Option<OsString>,
+    ) -> Result<(Self, Vec<ConfigWarning>), ConfigError> {
         for var in CONFIG_ENV_VARS {
             let Some(raw) = lookup(var) else { continue };
             let named = |mut e: ConfigError| {
@@ -634,29 +707,54 @@ impl AllocatorConfig {
                 }
                 Err(VarError::NotPresent) => continue,
             };
-            return Self::parse(&v).map_err(named);
+            let (c, mut w) = Self::parse_with_warnings(&v).map_err(named)?;
+            for x in &mut w {
+                x.env_var = Some(var);
+            }
+            return Ok((c, w));
         }
-        Ok(Self::default())
+        Ok((Self::default(), Vec::new()))
     }
 
     /// Re-parses `s` on top of this config, as PyTorch's runtime
     /// `_accelerator_setAllocatorSettings`. On error `self` is unchanged.
+    /// The keys of another PyTorch allocator (`backend:cudaMallocAsync`,
+    /// `pinned_*`) are checked and ignored; they are logged through
+    /// `tracing` at warning level, once per process.
     pub fn apply(&mut self, s: &str) -> Result<(), ConfigError> {
+        let w = self.apply_with_warnings(s)?;
+        log_warnings(&w);
+        Ok(())
+    }
+
+    /// [`AllocatorConfig::apply`], returning the ignored keys instead of
+    /// logging them.
+    pub fn apply_with_warnings(&mut self, s: &str) -> Result<Vec<ConfigWarning>, ConfigError> {
         let entries = parse_entries(s)?;
         let mut c = self.clone();
         c.max_split_size = u64::MAX;
         c.roundup_power2_divisions = [0; ROUNDUP_INTERVALS];
         c.garbage_collection_threshold = 0.0;
         c.max_non_split_rounding_size = c.large_segment_size;
+        let mut warnings = Vec::new();
         for e in &entries {
             match &e.value {
-                Value::One(v) => c.set(e.key, v)?,
+                Value::One(v) => {
+                    if let Some(reason) = c.set(e.key, v)? {
+                        warnings.push(ConfigWarning {
+                            key: echo(e.key),
+                            value: echo(v),
+                            reason,
+                            env_var: None,
+                        });
+                    }
+                }
                 Value::List(items) => c.set_list(e.key, e.raw, items)?,
             }
         }
         c.last_config_string = s.to_string();
         *self = c;
-        Ok(())
+        Ok(warnings)
     }
 
     fn set_list(
@@ -708,19 +806,13 @@ impl AllocatorConfig {
             )
     }
 
-    fn set(&mut self, key: &str, v: &str) -> Result<(), ConfigError> {
+    /// Sets `key` to `v`; `Some(reason)` when the key belongs to another
+    /// PyTorch allocator and `v`, valid there, is ignored.
+    fn set(&mut self, key: &str, v: &str) -> Result<Option<&'static str>, ConfigError> {
         match key {
             "backend" => match v {
                 "native" => {}
-                "cudaMallocAsync" | "hipMallocAsync" => {
-                    return Err(ConfigError::new(
-                        key,
-                        ConfigErrorKind::Unsupported {
-                            value: v.to_string(),
-                        },
-                        format!("'{v}' is not supported by cachalot (only 'native')"),
-                    ));
-                }
+                "cudaMallocAsync" | "hipMallocAsync" => return Ok(Some(OTHER_BACKEND)),
                 _ => {
                     return Err(invalid(
                         key,
@@ -802,7 +894,7 @@ impl AllocatorConfig {
                 }
             }
             "pinned_use_cuda_host_register" | "pinned_use_hip_host_register" => {
-                self.pinned_use_host_register = not_yet(key, v, NO_HOST_ALLOCATOR)?
+                return Ok(parse_bool(key, v)?.then_some(HOST_ALLOCATOR));
             }
             "pinned_num_register_threads" => {
                 const ALLOWED: &str = "a power of two <= 128";
@@ -815,22 +907,22 @@ impl AllocatorConfig {
                         format!("{n} is not a power of 2"),
                     ));
                 }
-                if n != AllocatorConfig::default().pinned_num_register_threads {
-                    return Err(unsupported(key, v, NO_HOST_ALLOCATOR));
-                }
-                self.pinned_num_register_threads = n;
+                return Ok(
+                    (n != AllocatorConfig::default().pinned_num_register_threads)
+                        .then_some(HOST_ALLOCATOR),
+                );
             }
             "pinned_use_background_threads" => {
-                self.pinned_use_background_threads = not_yet(key, v, NO_HOST_ALLOCATOR)?
+                return Ok(parse_bool(key, v)?.then_some(HOST_ALLOCATOR));
             }
             "pinned_reserve_segment_size_mb" => {
-                // range-checked, then refused: no host allocator to reserve for
+                // range-checked as PyTorch does, then ignored
                 size_mb(key, v, 1)?;
-                return Err(unsupported(key, v, NO_HOST_ALLOCATOR));
+                return Ok(Some(HOST_ALLOCATOR));
             }
             _ => return Err(unknown(key)),
         }
-        Ok(())
+        Ok(None)
     }
 
     /// `roundup_power2_divisions` entry that applies to `size`.
@@ -849,6 +941,23 @@ impl AllocatorConfig {
             i64::try_from(self.max_split_size).unwrap_or(i64::MAX)
         }
     }
+}
+
+/// Logs `warnings` through `tracing` at warning level, the first time a
+/// parse in this process ignored a key (a config parsed again, e.g. by
+/// every device's allocator, does not repeat it).
+fn log_warnings(warnings: &[ConfigWarning]) {
+    static LOGGED: AtomicBool = AtomicBool::new(false);
+    log_warnings_once(&LOGGED, warnings);
+}
+
+/// [`log_warnings`] with its "already logged" flag.
+fn log_warnings_once(logged: &AtomicBool, warnings: &[ConfigWarning]) {
+    if warnings.is_empty() || logged.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let list: Vec<String> = warnings.iter().map(ToString::to_string).collect();
+    tracing::warn!("allocator config: {}", list.join("; "));
 }
 
 fn unknown(key: &str) -> ConfigError {
@@ -1024,7 +1133,7 @@ mod tests {
             "per_process_memory_fraction"
         );
         assert_eq!(
-            AllocatorConfig::parse("backend:cudaMallocAsync")
+            AllocatorConfig::parse("backend:cudaMallocSync")
                 .unwrap_err()
                 .key,
             "backend"
@@ -1064,13 +1173,14 @@ mod tests {
     }
 
     /// Every key the parser knows is honoured (it changes what the engine
-    /// does) or takes only the value cachalot implements: any other value is
-    /// a typed "not supported" error. The list is the parser's own.
+    /// does), takes only the value cachalot implements (any other value is
+    /// a typed "not supported" error), or belongs to another PyTorch
+    /// allocator and is ignored with a warning naming it. The list is the
+    /// parser's own.
     #[test]
-    fn no_key_is_accepted_and_ignored() {
+    fn no_key_is_accepted_and_ignored_silently() {
         // (key, a value that changes behaviour); the engine reads each field
         let honoured: &[(&str, &str)] = &[
-            ("backend", "native"),
             ("large_segment_size_mb", "40"),
             ("max_split_size_mb", "100"),
             ("max_non_split_rounding_mb", "100"),
@@ -1088,40 +1198,31 @@ mod tests {
             "release_lock_on_device_malloc",
             "throw_on_cudamalloc_oom",
             "throw_on_device_malloc_oom",
-            "pinned_use_cuda_host_register",
-            "pinned_use_hip_host_register",
-            "pinned_use_background_threads",
         ];
-        // numeric keys of the host allocator: only the default passes
-        for (k, ok, bad) in [
+        // (key, PyTorch's default, a value valid for PyTorch that cachalot ignores)
+        let ignored: &[(&str, &str, &str)] = &[
+            ("backend", "native", "cudaMallocAsync"),
+            ("backend", "native", "hipMallocAsync"),
+            ("pinned_use_cuda_host_register", "False", "True"),
+            ("pinned_use_hip_host_register", "False", "True"),
+            ("pinned_use_background_threads", "False", "True"),
             ("pinned_num_register_threads", "1", "8"),
             ("pinned_reserve_segment_size_mb", "", "8"),
-        ] {
-            if !ok.is_empty() {
-                AllocatorConfig::parse(&format!("{k}:{ok}")).unwrap();
-            }
-            let e = AllocatorConfig::parse(&format!("{k}:{bad}")).unwrap_err();
-            assert!(
-                matches!(e.kind, ConfigErrorKind::Unsupported { .. }),
-                "{k}: {e}"
-            );
-        }
+        ];
+        let bare = |c: AllocatorConfig| AllocatorConfig {
+            last_config_string: String::new(),
+            ..c
+        };
         for &(k, v) in honoured {
             assert!(AllocatorConfig::is_known(k), "{k}");
-            let c = AllocatorConfig::parse(&format!("{k}:{v}")).unwrap();
+            let (c, w) = AllocatorConfig::parse_with_warnings(&format!("{k}:{v}")).unwrap();
             assert_ne!(c, AllocatorConfig::default(), "{k}:{v} changed nothing");
+            assert!(w.is_empty(), "{k}:{v}: {w:?}");
         }
         for &k in refused {
             assert!(AllocatorConfig::is_known(k), "{k}");
             let c = AllocatorConfig::parse(&format!("{k}:False")).unwrap();
-            assert_eq!(
-                AllocatorConfig {
-                    last_config_string: String::new(),
-                    ..c
-                },
-                AllocatorConfig::default(),
-                "{k}"
-            );
+            assert_eq!(bare(c), AllocatorConfig::default(), "{k}");
             let e = AllocatorConfig::parse(&format!("{k}:True")).unwrap_err();
             assert!(
                 matches!(e.kind, ConfigErrorKind::Unsupported { .. }),
@@ -1129,14 +1230,54 @@ mod tests {
             );
             assert!(e.to_string().contains("not supported"), "{e}");
         }
-        // every key the parser accepts is in one of the two lists
-        for k in KNOWN_KEYS {
-            assert!(
-                honoured.iter().any(|h| h.0 == *k)
-                    || refused.contains(k)
-                    || k.starts_with("pinned_"),
-                "key {k} is neither honoured nor refused"
+        for &(k, default, other) in ignored {
+            assert!(AllocatorConfig::is_known(k), "{k}");
+            if !default.is_empty() {
+                let (c, w) =
+                    AllocatorConfig::parse_with_warnings(&format!("{k}:{default}")).unwrap();
+                assert_eq!(bare(c), AllocatorConfig::default(), "{k}");
+                assert!(w.is_empty(), "{k}:{default}: {w:?}");
+            }
+            let s = format!("{k}:{other},max_split_size_mb:100");
+            let (c, w) = AllocatorConfig::parse_with_warnings(&s).unwrap();
+            // ignored, and the rest of the string still applies
+            assert_eq!(
+                bare(c),
+                AllocatorConfig::parse("max_split_size_mb:100")
+                    .map(bare)
+                    .unwrap(),
+                "{s}"
             );
+            assert_eq!(w.len(), 1, "{s}: {w:?}");
+            assert_eq!((w[0].key.as_str(), w[0].value.as_str()), (k, other));
+            let text = w[0].to_string();
+            assert!(text.contains(&format!("'{k}:{other}' ignored")), "{text}");
+            assert!(text.contains("PyTorch"), "{text}");
+            // `parse` accepts it too (logging instead of returning it)
+            AllocatorConfig::parse(&s).unwrap();
+        }
+        // a malformed value of an ignored key is still a typed error
+        for s in [
+            "backend:cudaMallocSync",
+            "pinned_use_cuda_host_register:yes",
+            "pinned_num_register_threads:3",
+            "pinned_reserve_segment_size_mb:0",
+        ] {
+            AllocatorConfig::parse(s).expect_err(s);
+        }
+        // one warning per ignored key, in order
+        let (_, w) = AllocatorConfig::parse_with_warnings(
+            "backend:cudaMallocAsync,pinned_use_background_threads:True",
+        )
+        .unwrap();
+        let keys: Vec<&str> = w.iter().map(|w| w.key.as_str()).collect();
+        assert_eq!(keys, ["backend", "pinned_use_background_threads"]);
+        // every key the parser accepts is in exactly one of the lists
+        for k in KNOWN_KEYS {
+            let n = usize::from(honoured.iter().any(|h| h.0 == *k))
+                + usize::from(refused.contains(k))
+                + usize::from(ignored.iter().any(|i| i.0 == *k));
+            assert_eq!(n, 1, "key {k} is in {n} of the lists");
             assert!(AllocatorConfig::is_known(k), "{k}");
         }
     }
@@ -1181,16 +1322,12 @@ mod tests {
             }
             assert_out_of_range(&format!("{key}:-1"), key, "-1", &max);
             // the largest size passes the range check, and in bytes it is
-            // MAX_REQUEST (the host allocator's key is then refused)
-            let r = AllocatorConfig::parse(&format!("{key}:{max}"));
-            if key == "pinned_reserve_segment_size_mb" {
-                assert!(matches!(
-                    r.unwrap_err().kind,
-                    ConfigErrorKind::Unsupported { .. }
-                ));
-            } else {
-                r.unwrap();
-            }
+            // MAX_REQUEST (the host allocator's key is then ignored)
+            let (_, w) = AllocatorConfig::parse_with_warnings(&format!("{key}:{max}")).unwrap();
+            assert_eq!(
+                w.len(),
+                usize::from(key == "pinned_reserve_segment_size_mb")
+            );
         }
         let c = AllocatorConfig::parse(&format!("large_segment_size_mb:{max}")).unwrap();
         assert_eq!(c.large_segment_size, crate::engine::rounding::MAX_REQUEST);
@@ -1267,8 +1404,8 @@ mod tests {
             );
         }
         assert!(matches!(
-            err("backend:cudaMallocAsync").kind,
-            ConfigErrorKind::Unsupported { .. }
+            err("backend:cudaMallocSync").kind,
+            ConfigErrorKind::InvalidValue { .. }
         ));
         assert_eq!(err("foo:1").kind, ConfigErrorKind::UnknownKey);
     }
@@ -1401,16 +1538,32 @@ mod tests {
                 .unwrap_err();
         assert!(matches!(e.kind, ConfigErrorKind::TooLong { .. }));
         // the first set variable wins
-        let c = AllocatorConfig::from_lookup(|var| match var {
+        let (c, w) = AllocatorConfig::from_lookup_with_warnings(|var| match var {
             "PYTORCH_CUDA_ALLOC_CONF" => Some("max_split_size_mb:100".into()),
             "PYTORCH_ALLOC_CONF" => Some("bogus:1".into()),
             _ => None,
         })
         .unwrap();
         assert_eq!(c.max_split_size, 100 * MIB);
+        assert!(w.is_empty());
         assert_eq!(
             AllocatorConfig::from_lookup(|_| None).unwrap(),
             AllocatorConfig::default()
+        );
+        // a PyTorch user's environment: the other backend's key is ignored,
+        // the warning names the variable
+        let (c, w) = AllocatorConfig::from_lookup_with_warnings(only(
+            "PYTORCH_CUDA_ALLOC_CONF",
+            "backend:cudaMallocAsync".into(),
+        ))
+        .unwrap();
+        assert_eq!(c.last_config_string, "backend:cudaMallocAsync");
+        assert_eq!(w.len(), 1);
+        assert_eq!(w[0].env_var, Some("PYTORCH_CUDA_ALLOC_CONF"));
+        assert!(
+            w[0].to_string().ends_with("(from PYTORCH_CUDA_ALLOC_CONF)"),
+            "{}",
+            w[0]
         );
     }
 
@@ -1485,5 +1638,65 @@ mod tests {
         assert!(peak < 256, "stored {peak} bytes");
         assert!(!r.config().idle_stream_reuse);
         assert_eq!(r.config().garbage_collection_threshold, 0.1);
+    }
+
+    /// The ignored keys are logged once: a second parse with the same
+    /// keys (each device's allocator parses the environment) says nothing.
+    #[test]
+    fn ignored_keys_are_logged_once() {
+        use std::sync::Mutex;
+        use std::sync::atomic::AtomicUsize;
+        use tracing::field::{Field, Visit};
+
+        /// Counts warning events and keeps their messages.
+        #[derive(Default)]
+        struct Count {
+            events: AtomicUsize,
+            text: Mutex<String>,
+        }
+        struct Text<'a>(&'a mut String);
+        impl Visit for Text<'_> {
+            fn record_debug(&mut self, _: &Field, v: &dyn std::fmt::Debug) {
+                self.0.push_str(&format!("{v:?}"));
+            }
+        }
+        impl tracing::Subscriber for &'static Count {
+            fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+                true
+            }
+            fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+                tracing::span::Id::from_u64(1)
+            }
+            fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+            fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+            fn event(&self, e: &tracing::Event<'_>) {
+                if *e.metadata().level() == tracing::Level::WARN {
+                    self.events.fetch_add(1, Ordering::Relaxed);
+                    e.record(&mut Text(&mut self.text.lock().unwrap()));
+                }
+            }
+            fn enter(&self, _: &tracing::span::Id) {}
+            fn exit(&self, _: &tracing::span::Id) {}
+        }
+        let count: &'static Count = Box::leak(Box::default());
+        let flag = AtomicBool::new(false);
+        let (_, w) = AllocatorConfig::parse_with_warnings(
+            "backend:cudaMallocAsync,pinned_use_cuda_host_register:True",
+        )
+        .unwrap();
+        tracing::subscriber::with_default(count, || {
+            log_warnings_once(&flag, &[]);
+            assert_eq!(count.events.load(Ordering::Relaxed), 0, "nothing to say");
+            for _ in 0..3 {
+                log_warnings_once(&flag, &w);
+            }
+        });
+        assert_eq!(count.events.load(Ordering::Relaxed), 1);
+        let text = count.text.lock().unwrap().clone();
+        assert!(
+            text.contains("'backend:cudaMallocAsync' ignored")
+                && text.contains("'pinned_use_cuda_host_register:True' ignored"),
+            "{text}"
+        );
     }
 }

@@ -208,8 +208,10 @@ pub fn snapshot_value(snapshots: &[Snapshot]) -> Value {
     ])
 }
 
-/// The snapshot as a pickle for `torch.cuda._memory_viz` (protocol 2).
-pub fn snapshot_pickle(snapshots: &[Snapshot]) -> Vec<u8> {
+/// The snapshot as a pickle for `torch.cuda._memory_viz` (see
+/// [`crate::pickle`]; every number of a snapshot is 64-bit, so the error
+/// does not occur in practice).
+pub fn snapshot_pickle(snapshots: &[Snapshot]) -> Result<Vec<u8>, crate::pickle::PickleError> {
     snapshot_value(snapshots).to_pickle()
 }
 
@@ -218,20 +220,36 @@ pub fn snapshot_json(snapshots: &[Snapshot]) -> String {
     snapshot_value(snapshots).to_json()
 }
 
+/// Whether a snapshot written to `path` is a pickle: its name ends in
+/// `.pickle` or `.pkl` (else it is JSON).
+pub fn is_pickle_path(path: impl AsRef<Path>) -> bool {
+    matches!(
+        path.as_ref().extension().and_then(|e| e.to_str()),
+        Some("pickle" | "pkl")
+    )
+}
+
+/// Writes the snapshot to `w`: a pickle when `pickle`, else JSON.
+pub fn write_snapshot_to(
+    w: &mut impl std::io::Write,
+    snapshots: &[Snapshot],
+    pickle: bool,
+) -> std::io::Result<()> {
+    let bytes = if pickle {
+        snapshot_pickle(snapshots).map_err(std::io::Error::other)?
+    } else {
+        snapshot_json(snapshots).into_bytes()
+    };
+    w.write_all(&bytes)
+}
+
 /// Writes the snapshot to `path`: a pickle when the name ends in `.pickle`
 /// or `.pkl`, else JSON.
 pub fn write_snapshot(path: impl AsRef<Path>, snapshots: &[Snapshot]) -> std::io::Result<()> {
     let path = path.as_ref();
-    let pickle = matches!(
-        path.extension().and_then(|e| e.to_str()),
-        Some("pickle" | "pkl")
-    );
-    let bytes = if pickle {
-        snapshot_pickle(snapshots)
-    } else {
-        snapshot_json(snapshots).into_bytes()
-    };
-    std::fs::write(path, bytes)
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    write_snapshot_to(&mut f, snapshots, is_pickle_path(path))?;
+    std::io::Write::flush(&mut f)
 }
 
 #[cfg(test)]
