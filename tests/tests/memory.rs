@@ -29,6 +29,10 @@ fn free_pages_of_one_stream_serve_another() {
         d.m.use_memory(d.s0(), a, 100 * MIB, 1).unwrap();
         d.free(a);
         let unmaps = d.m.call_count(MockCall::Unmap);
+        let (creates, releases) = (
+            d.m.call_count(MockCall::CreatePhysical),
+            d.m.call_count(MockCall::ReleasePhysical),
+        );
         let b = d.alloc_on(100 * MIB, s1);
         d.m.use_memory(s1, b, 100 * MIB, 2).unwrap();
         assert_eq!(d.m.tag_at(b + 100 * MIB - 1), Some(2), "{config}");
@@ -41,6 +45,9 @@ fn free_pages_of_one_stream_serve_another() {
         let unmapped = d.m.call_count(MockCall::Unmap) - unmaps;
         if config == CACHALOT {
             assert_eq!(unmapped, 50, "{config}: fifty 2 MiB pages recycled");
+            // their physical memory moves to the new mapping as it is
+            assert_eq!(d.m.call_count(MockCall::CreatePhysical), creates);
+            assert_eq!(d.m.call_count(MockCall::ReleasePhysical), releases);
         } else {
             assert_eq!(unmapped, 0, "{config}");
         }

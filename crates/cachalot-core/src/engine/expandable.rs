@@ -85,7 +85,7 @@ impl<B: Backend> Inner<B> {
                 synced.push(stream);
             }
             // the range stays reserved: the stream maps into it again soon
-            let got = self.unmap_block_with(backend, id, UnmapSync::Done, false);
+            let got = self.unmap_block_with(backend, id, UnmapSync::Recycle, false);
             want = want.saturating_sub(got);
         }
     }

@@ -71,6 +71,10 @@ pub(crate) struct Segments<P, S> {
     created: u64,
     /// The expandable segments (`None`: a released slot).
     pub expandable: Vec<Option<Expandable<P, S>>>,
+    /// Physical pages just unmapped by page recycling, with their size,
+    /// for the mapping that follows in the same operation (no release and
+    /// create in between); empty between operations.
+    pub spare: Vec<(u64, P)>,
 }
 
 impl<P, S> Default for Segments<P, S> {
@@ -79,6 +83,7 @@ impl<P, S> Default for Segments<P, S> {
             map: BTreeMap::new(),
             created: 0,
             expandable: Vec::new(),
+            spare: Vec::new(),
         }
     }
 }
@@ -237,8 +242,10 @@ pub(crate) enum UnmapSync {
     Device,
     /// The segment's stream: an event recorded on it and waited for.
     Stream,
-    /// The caller has synchronized the segment's stream already.
-    Done,
+    /// Page recycling: the caller has synchronized the segment's stream
+    /// already, and the physical pages go to [`Segments::spare`] for the
+    /// mapping that follows instead of back to the device.
+    Recycle,
 }
 
 /// Waits for the work queued on `stream` so far (an event recorded on it
@@ -272,10 +279,13 @@ impl<B: Backend> Inner<B> {
         if let Some(max) = self.limits.allowed_max
             && self.stats.reserved_bytes.all().current as u64 + size > max
         {
+            self.release_spare(backend);
             return Ok(None);
         }
         if expandable {
-            return self.alloc_expandable(backend, p);
+            let r = self.alloc_expandable(backend, p);
+            self.release_spare(backend);
+            return r;
         }
         let ptr = match backend.malloc(size) {
             Ok(ptr) => ptr.addr(),
@@ -304,6 +314,22 @@ impl<B: Backend> Inner<B> {
         self.trace(TraceAction::SegmentAlloc, ptr, size, p.stream);
         tracing::debug!(size, ptr, "device segment allocated");
         Ok(Some(id))
+    }
+
+    /// Releases the recycled pages the mapping did not take.
+    fn release_spare(&mut self, backend: &B) {
+        if self.segments.spare.is_empty() {
+            return;
+        }
+        let Some(vm) = backend.virtual_memory() else {
+            return;
+        };
+        for (bytes, h) in std::mem::take(&mut self.segments.spare) {
+            if let Err(err) = vm.release_physical(h) {
+                tracing::warn!(%err, "releasing a recycled page failed");
+                self.release_failures.record(bytes, err);
+            }
+        }
     }
 
     /// Returns a whole free segment to the device (PyTorch's
@@ -460,6 +486,10 @@ impl<B: Backend> Inner<B> {
         let end = (addr + size - start).div_ceil(page) as usize;
         let mut made = Vec::with_capacity(end - begin);
         for _ in begin..end {
+            if let Some(k) = self.segments.spare.iter().rposition(|(n, _)| *n == page) {
+                made.push(self.segments.spare.swap_remove(k).1);
+                continue;
+            }
             match vm.create_physical(page) {
                 Ok(h) => made.push(h),
                 Err(err) => {
@@ -530,10 +560,12 @@ impl<B: Backend> Inner<B> {
         if begin >= end || self.capture.is_active() {
             return None;
         }
+        // recycled pages keep their physical memory for the next mapping
+        let keep = sync == UnmapSync::Recycle;
         let sync = match sync {
             UnmapSync::Device => backend.synchronize_device(),
             UnmapSync::Stream => sync_stream(backend, stream),
-            UnmapSync::Done => Ok(()),
+            UnmapSync::Recycle => Ok(()),
         };
         if let Err(err) = sync {
             // "not now" (a capture the engine does not see, in global mode,
@@ -554,6 +586,11 @@ impl<B: Backend> Inner<B> {
                 break;
             }
             let h = e.pages.remove(&i).expect("a mapped page");
+            if keep {
+                self.segments.spare.push((page, h));
+                done = i + 1;
+                continue;
+            }
             if let Err(err) = vm.release_physical(h) {
                 tracing::warn!(%err, at, "releasing a page's memory failed");
                 self.release_failures.record(page, err);
