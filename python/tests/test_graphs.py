@@ -110,6 +110,11 @@ def test_make_graphed_callables_same_outputs():
     x = torch.randn(32, 64, device="cuda", requires_grad=True)
     pool = torch.cuda.graph_pool_handle()
     graphed = [torch.cuda.make_graphed_callables(m, (x,), pool=pool) for m in mods]
+    # make_graphed_callables runs warm-up backwards that accumulate into the
+    # modules' grads; the reference modules had none
+    for m in mods:
+        for p in m.parameters():
+            p.grad = None
     for _ in range(3):
         inp = torch.randn(32, 64, device="cuda", requires_grad=True)
         for gm, r in zip(graphed, ref):
