@@ -22,10 +22,18 @@ case $PART in
     echo "expandable_cuda.sh: rc=$? after $(( $(date +%s) - S )) s"
     OUT=$L timeout ${T_RUST:-100} scripts/device/cudarc_example.sh >"$L/cudarc.txt" 2>&1
     echo "cudarc_example.sh: rc=$? after $(( $(date +%s) - S )) s"
+    # cachalot's configs on the same workload (CACHALOT_ALLOC_CONF)
+    for c in roundup_power2_divisions:4 placement:pytorch garbage_collection_threshold:0.6,max_split_size_mb:64; do
+      CACHALOT_ALLOC_CONF=$c OUT=$L/cudarc-$c timeout 60 scripts/device/cudarc_example.sh --ways cudarc,cachalot,cachalot-expandable \
+        >"$L/cudarc-$c.txt" 2>&1
+      echo "== mlp-train with CACHALOT_ALLOC_CONF=$c (rc=$?)" >>"$L/cudarc-configs.txt"
+      grep -E "^(way|cudarc|cachalot) " "$L/cudarc-$c.txt" >>"$L/cudarc-configs.txt"
+    done
     tar czf "$OUT/logs-$PART.tgz" -C /tmp "logs-$PART"
     sed -n '/^speed:/,$p' "$L/bench.txt" | head -70
     tail -22 "$L/expandable.txt"
-    tail -28 "$L/cudarc.txt" ;;
+    tail -28 "$L/cudarc.txt" | grep -v '^json:'
+    cat "$L/cudarc-configs.txt" ;;
   tests)
     (cd dist/cuda && CACHALOT_SANITIZER=${CACHALOT_SANITIZER:-0} timeout ${T_TESTS:-520} ./run.sh) >"$L/run.txt" 2>&1
     echo "run.sh: rc=$? after $(( $(date +%s) - S )) s"
