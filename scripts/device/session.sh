@@ -23,7 +23,7 @@ case $PART in
     OUT=$L timeout ${T_RUST:-100} scripts/device/cudarc_example.sh >"$L/cudarc.txt" 2>&1
     echo "cudarc_example.sh: rc=$? after $(( $(date +%s) - S )) s"
     # cachalot's configs on the same workload (CACHALOT_ALLOC_CONF)
-    for c in roundup_power2_divisions:4 placement:pytorch garbage_collection_threshold:0.6,max_split_size_mb:64; do
+    for c in roundup_power2_divisions:4 placement:pytorch max_split_size_mb:64; do
       CACHALOT_ALLOC_CONF=$c OUT=$L/cudarc-$c timeout 60 scripts/device/cudarc_example.sh --ways cudarc,cachalot,cachalot-expandable \
         >"$L/cudarc-$c.txt" 2>&1
       echo "== mlp-train with CACHALOT_ALLOC_CONF=$c (rc=$?)" >>"$L/cudarc-configs.txt"
