@@ -8,6 +8,7 @@
 #                                       on CUDA, the cudarc example
 #   scripts/device/session.sh tests     the CUDA test binaries (dist/cuda/run.sh)
 #   scripts/device/session.sh torch     the PyTorch drop-in suite (python/run_gpu_suite.sh)
+#   scripts/device/session.sh train     train_compare.py's timing run (alternating processes)
 set -u
 PART=${1:?timing, tests or torch}
 OUT=${OUT:-/tmp/out}; L=/tmp/logs-$PART; rm -rf "$L"; mkdir -p "$L" "$OUT"
@@ -49,4 +50,13 @@ case $PART in
     echo "run_gpu_suite.sh: rc=$? after $(( $(date +%s) - S )) s"
     tar czf "$OUT/logs-$PART.tgz" -C /tmp "logs-$PART"
     tail -90 "$L/suite.txt" ;;
+  train)
+    # step time: alternating native / cachalot processes, PAIRS pairs, median and spread
+    export CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1
+    export CACHALOT_TORCH_CACHE=$L/shim-cache
+    timeout ${T_TRAIN:-520} python3 python/train_compare.py --pairs ${PAIRS:-5} --steps ${STEPS:-10} \
+      --models ${MODELS:-gpt2,resnet50} --lib dist/cuda/lib/libcachalot_capi.so --json "$L/train.json" >"$L/train.txt" 2>&1
+    echo "train_compare.py: rc=$? after $(( $(date +%s) - S )) s"
+    tar czf "$OUT/logs-$PART.tgz" -C /tmp "logs-$PART"
+    tail -30 "$L/train.txt" ;;
 esac
