@@ -173,8 +173,7 @@ impl<B: Backend> Inner<B> {
         b.state = BState::Unmapped;
         b.expandable = true;
         b.seq = seq;
-        let part = self.router.shard(p.stream);
-        let id = self.blocks.insert(part, b);
+        let id = self.blocks.insert(b);
         self.segments.set_head(start, id);
         self.pools.add_segment(p.pool);
         self.pools
@@ -305,8 +304,8 @@ impl<B: Backend> Inner<B> {
             self.pools.pool_mut(pool, small).unmapped.remove(&(ns, na));
             self.blocks.absorb_next(id);
         }
-        self.rekey(id, seg_stream);
         let b = &mut self.blocks[id];
+        b.stream = seg_stream;
         let (baddr, whole) = (b.addr, !b.is_split());
         self.pools
             .pool_mut(pool, small)
