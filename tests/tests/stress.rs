@@ -36,7 +36,17 @@ fn threads_hammer_one_allocator_with_late_completion() {
     });
 }
 
+/// Operations per worker: `CACHALOT_STRESS_ITERS` (20,000 to 10^8), else
+/// 20,000 (`scripts/stress_long.sh` runs them ten times longer).
+fn iterations() -> u64 {
+    std::env::var("CACHALOT_STRESS_ITERS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(20_000, |n| n.clamp(20_000, 100_000_000))
+}
+
 fn hammer(completion: Completion) {
+    let iters = iterations();
     let m = MockConfig::new(8 * GIB).completion(completion).build();
     let janitor_completes = completion == Completion::Manual;
     let a = Arc::new(CachingAllocator::with_config(m.clone(), AllocatorConfig::default()).unwrap());
@@ -52,7 +62,7 @@ fn hammer(completion: Completion) {
             let mut x: u64 = 0x2545_F491_4F6C_DD1D ^ (t as u64 + 1);
             let mut live: Vec<u64> = Vec::new();
             let s = streams[t];
-            for i in 0..20_000u64 {
+            for i in 0..iters {
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;

@@ -3,7 +3,7 @@
 //! is written once (the invariant checker recomputes them from the blocks).
 #![forbid(unsafe_code)]
 
-use crate::stats::{DeviceStats, StatType};
+use crate::stats::{DeviceStats, Stat, StatType};
 
 impl DeviceStats {
     /// A segment of `size` bytes came from the device.
@@ -26,71 +26,6 @@ impl DeviceStats {
             self.oversize_segments.decrease(1);
         }
         self.num_device_free += 1;
-    }
-
-    /// A block of `size` bytes (for a request of `requested`) was handed out.
-    #[inline(always)]
-    pub(crate) fn on_alloc(&mut self, st: StatType, size: u64, requested: u64, oversize: bool) {
-        self.allocation.increase(st, 1);
-        self.allocated_bytes.increase(st, size as i64);
-        self.active.increase(st, 1);
-        self.active_bytes.increase(st, size as i64);
-        self.requested_bytes.increase(st, requested as i64);
-        if oversize {
-            self.oversize_allocations.increase(1);
-        }
-    }
-
-    /// The caller freed a block: no longer allocated (still active until its
-    /// uses on other streams are over).
-    #[inline(always)]
-    pub(crate) fn on_free_requested(&mut self, st: StatType, size: u64, oversize: bool) {
-        self.allocation.decrease(st, 1);
-        self.allocated_bytes.decrease(st, size as i64);
-        if oversize {
-            self.oversize_allocations.decrease(1);
-        }
-    }
-
-    /// A freed block became inactive (back in its pool).
-    #[inline(always)]
-    pub(crate) fn on_inactive(&mut self, st: StatType, size: u64, requested: u64) {
-        self.active.decrease(st, 1);
-        self.active_bytes.decrease(st, size as i64);
-        self.requested_bytes.decrease(st, requested as i64);
-    }
-
-    /// Inactive split blocks changed by `count` blocks and `bytes` bytes.
-    #[inline(always)]
-    pub(crate) fn on_inactive_split(&mut self, st: StatType, count: i64, bytes: i64) {
-        if count != 0 {
-            self.inactive_split.update(st, count);
-        }
-        if bytes != 0 {
-            self.inactive_split_bytes.update(st, bytes);
-        }
-    }
-
-    /// A whole segment was split for a request: its remainder of `rem`
-    /// bytes is a new inactive split block.
-    #[inline(always)]
-    pub(crate) fn on_split_segment(&mut self, st: StatType, rem: u64) {
-        self.inactive_split_bytes.update(st, rem as i64);
-        self.inactive_split.update(st, 1);
-    }
-
-    /// An inactive split block was split for a request of `taken` bytes:
-    /// the remainder stays an inactive split block.
-    #[inline(always)]
-    pub(crate) fn on_split_split(&mut self, st: StatType, taken: u64) {
-        self.inactive_split_bytes.update(st, -(taken as i64));
-    }
-
-    /// An inactive split block of `size` bytes was handed out whole.
-    #[inline(always)]
-    pub(crate) fn on_take_split(&mut self, st: StatType, size: u64) {
-        self.inactive_split_bytes.update(st, -(size as i64));
-        self.inactive_split.update(st, -1);
     }
 
     /// Two inactive split blocks of different streams merged into one block
@@ -118,5 +53,183 @@ impl DeviceStats {
     pub(crate) fn on_unmap(&mut self, st: StatType, bytes: u64) {
         self.reserved_bytes.update(st, -(bytes as i64));
         self.num_device_free += 1;
+    }
+}
+
+/// The stats a cache hit and a simple free change (PyTorch's
+/// `StatType`-indexed arrays among [`DeviceStats`]' fields).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Arr {
+    Allocation = 0,
+    Active = 1,
+    AllocatedBytes = 2,
+    ActiveBytes = 3,
+    RequestedBytes = 4,
+    InactiveSplit = 5,
+    InactiveSplitBytes = 6,
+}
+
+/// Number of stats [`StatSink`] names: seven arrays of three, and
+/// `oversize_allocations`.
+pub(crate) const FAST_STATS: usize = 22;
+/// The index of `oversize_allocations` among the [`FAST_STATS`].
+pub(crate) const OVERSIZE: usize = 21;
+
+/// The index of `(arr, st)` among the [`FAST_STATS`].
+#[inline(always)]
+pub(crate) fn idx(arr: Arr, st: StatType) -> usize {
+    arr as usize * 3 + st as usize
+}
+
+impl DeviceStats {
+    /// The seven arrays of the [`FAST_STATS`], in [`Arr`] order.
+    pub(crate) fn fast_arrays(&mut self) -> [&mut crate::stats::StatArray; 7] {
+        [
+            &mut self.allocation,
+            &mut self.active,
+            &mut self.allocated_bytes,
+            &mut self.active_bytes,
+            &mut self.requested_bytes,
+            &mut self.inactive_split,
+            &mut self.inactive_split_bytes,
+        ]
+    }
+
+    /// The stat at index `i` of the [`FAST_STATS`].
+    pub(crate) fn fast_stat_mut(&mut self, i: usize) -> &mut Stat {
+        let arr = match i / 3 {
+            0 => &mut self.allocation,
+            1 => &mut self.active,
+            2 => &mut self.allocated_bytes,
+            3 => &mut self.active_bytes,
+            4 => &mut self.requested_bytes,
+            5 => &mut self.inactive_split,
+            6 => &mut self.inactive_split_bytes,
+            _ => return &mut self.oversize_allocations,
+        };
+        &mut arr.0[i % 3]
+    }
+}
+
+/// Where the transitions of a hit and a free are written: the device's
+/// [`DeviceStats`], a shard's counters (`shard.rs`), or a shard's budget
+/// probe. Each transition is written once, here, for all three.
+pub(crate) trait StatSink {
+    /// Adds `n ≥ 0` to "all" and to `st` of `arr`.
+    fn inc(&mut self, arr: Arr, st: StatType, n: i64);
+    /// Subtracts `n ≥ 0` from "all" and from `st` of `arr`.
+    fn dec(&mut self, arr: Arr, st: StatType, n: i64);
+    /// `oversize_allocations` += `d` (±1).
+    fn oversize(&mut self, d: i64);
+    /// Applies a signed delta.
+    #[inline(always)]
+    fn upd(&mut self, arr: Arr, st: StatType, delta: i64) {
+        if delta >= 0 {
+            self.inc(arr, st, delta)
+        } else {
+            self.dec(arr, st, -delta)
+        }
+    }
+
+    /// A block of `size` bytes (for a request of `requested`) was handed out.
+    #[inline(always)]
+    fn on_alloc(&mut self, st: StatType, size: u64, requested: u64, oversize: bool) {
+        self.inc(Arr::Allocation, st, 1);
+        self.inc(Arr::AllocatedBytes, st, size as i64);
+        self.inc(Arr::Active, st, 1);
+        self.inc(Arr::ActiveBytes, st, size as i64);
+        self.inc(Arr::RequestedBytes, st, requested as i64);
+        if oversize {
+            self.oversize(1);
+        }
+    }
+
+    /// The caller freed a block: no longer allocated (still active until its
+    /// uses on other streams are over).
+    #[inline(always)]
+    fn on_free_requested(&mut self, st: StatType, size: u64, oversize: bool) {
+        self.dec(Arr::Allocation, st, 1);
+        self.dec(Arr::AllocatedBytes, st, size as i64);
+        if oversize {
+            self.oversize(-1);
+        }
+    }
+
+    /// A freed block became inactive (back in its pool).
+    #[inline(always)]
+    fn on_inactive(&mut self, st: StatType, size: u64, requested: u64) {
+        self.dec(Arr::Active, st, 1);
+        self.dec(Arr::ActiveBytes, st, size as i64);
+        self.dec(Arr::RequestedBytes, st, requested as i64);
+    }
+
+    /// Inactive split blocks changed by `count` blocks and `bytes` bytes.
+    #[inline(always)]
+    fn on_inactive_split(&mut self, st: StatType, count: i64, bytes: i64) {
+        if count != 0 {
+            self.upd(Arr::InactiveSplit, st, count);
+        }
+        if bytes != 0 {
+            self.upd(Arr::InactiveSplitBytes, st, bytes);
+        }
+    }
+
+    /// A whole segment was split for a request: its remainder of `rem`
+    /// bytes is a new inactive split block.
+    #[inline(always)]
+    fn on_split_segment(&mut self, st: StatType, rem: u64) {
+        self.upd(Arr::InactiveSplitBytes, st, rem as i64);
+        self.upd(Arr::InactiveSplit, st, 1);
+    }
+
+    /// An inactive split block was split for a request of `taken` bytes:
+    /// the remainder stays an inactive split block.
+    #[inline(always)]
+    fn on_split_split(&mut self, st: StatType, taken: u64) {
+        self.upd(Arr::InactiveSplitBytes, st, -(taken as i64));
+    }
+
+    /// An inactive split block of `size` bytes was handed out whole.
+    #[inline(always)]
+    fn on_take_split(&mut self, st: StatType, size: u64) {
+        self.upd(Arr::InactiveSplitBytes, st, -(size as i64));
+        self.upd(Arr::InactiveSplit, st, -1);
+    }
+}
+
+impl StatSink for DeviceStats {
+    #[inline(always)]
+    fn inc(&mut self, arr: Arr, st: StatType, n: i64) {
+        let a = match arr {
+            Arr::Allocation => &mut self.allocation,
+            Arr::Active => &mut self.active,
+            Arr::AllocatedBytes => &mut self.allocated_bytes,
+            Arr::ActiveBytes => &mut self.active_bytes,
+            Arr::RequestedBytes => &mut self.requested_bytes,
+            Arr::InactiveSplit => &mut self.inactive_split,
+            Arr::InactiveSplitBytes => &mut self.inactive_split_bytes,
+        };
+        a.increase(st, n);
+    }
+    #[inline(always)]
+    fn dec(&mut self, arr: Arr, st: StatType, n: i64) {
+        let a = match arr {
+            Arr::Allocation => &mut self.allocation,
+            Arr::Active => &mut self.active,
+            Arr::AllocatedBytes => &mut self.allocated_bytes,
+            Arr::ActiveBytes => &mut self.active_bytes,
+            Arr::RequestedBytes => &mut self.requested_bytes,
+            Arr::InactiveSplit => &mut self.inactive_split,
+            Arr::InactiveSplitBytes => &mut self.inactive_split_bytes,
+        };
+        a.decrease(st, n);
+    }
+    #[inline(always)]
+    fn oversize(&mut self, d: i64) {
+        if d >= 0 {
+            self.oversize_allocations.increase(d)
+        } else {
+            self.oversize_allocations.decrease(-d)
+        }
     }
 }

@@ -142,6 +142,59 @@ impl AddrTable {
     }
 }
 
+/// The live map of the device: one [`AddrTable`] per shard part, an
+/// address filed in the part of its block (`part_of(id)`), so that a part
+/// moves with its shard. Lookups by address alone try every part (the
+/// slow paths only; a shard's fast path looks in its own table).
+pub(crate) struct Live {
+    pub(super) parts: Vec<AddrTable>,
+}
+
+impl Live {
+    /// `n` empty parts.
+    pub fn new(n: usize) -> Self {
+        Self {
+            parts: (0..n).map(|_| AddrTable::default()).collect(),
+        }
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.parts.iter().map(AddrTable::len).sum()
+    }
+
+    /// The block id of `addr`.
+    #[inline]
+    pub fn get(&self, addr: u64) -> Option<BlockId> {
+        self.parts.iter().find_map(|t| t.get(addr))
+    }
+
+    /// Inserts `addr` in the part of its block.
+    #[inline]
+    pub fn insert(&mut self, addr: u64, id: BlockId) {
+        self.parts[crate::engine::block::part_of(id)].insert(addr, id);
+    }
+
+    /// Removes `addr`, returning its block id.
+    #[inline]
+    pub fn remove(&mut self, addr: u64) -> Option<BlockId> {
+        self.parts.iter_mut().find_map(|t| t.remove(addr))
+    }
+
+    /// Every (address, block id).
+    pub fn iter(&self) -> impl Iterator<Item = (u64, BlockId)> + '_ {
+        self.parts.iter().flat_map(AddrTable::iter)
+    }
+
+    /// Whether every entry is in the part of its block.
+    pub fn parts_consistent(&self) -> bool {
+        self.parts.iter().enumerate().all(|(k, t)| {
+            t.iter()
+                .all(|(_, id)| crate::engine::block::part_of(id) == k)
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

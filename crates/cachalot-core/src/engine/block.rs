@@ -160,18 +160,47 @@ impl<S> Block<S> {
     }
 }
 
-/// Every block, by id; dead slots are reused first.
+/// Bits of a [`BlockId`] below the shard part (`id >> PART_SHIFT` is the
+/// part of the slab that holds the block, see [`Blocks`]).
+pub(crate) const PART_SHIFT: u32 = 27;
+/// Block slots per part (bounded by host memory long before).
+const PART_SLOTS: usize = 1 << PART_SHIFT;
+
+/// The part of the slab that holds block `id`.
+#[inline(always)]
+pub(crate) fn part_of(id: BlockId) -> usize {
+    (id >> PART_SHIFT) as usize
+}
+
+/// One part of the slab: the blocks of the segments of one shard's
+/// streams, by id; dead slots are reused first. Ids carry the part in
+/// their high bits, so a part can move between its shard and the device
+/// (`shard.rs`) and its ids stay valid.
 pub(crate) struct Slab<S> {
+    part: u32,
     blocks: Vec<Block<S>>,
     free_slots: Vec<BlockId>,
 }
 
-impl<S> Default for Slab<S> {
-    fn default() -> Self {
+impl<S> Slab<S> {
+    /// An empty part `part`.
+    pub fn new(part: usize) -> Self {
         Self {
+            part: part as u32,
             blocks: Vec::new(),
             free_slots: Vec::new(),
         }
+    }
+
+    /// The part's index.
+    #[inline]
+    pub fn part(&self) -> usize {
+        self.part as usize
+    }
+
+    /// Whether any slot holds a block.
+    pub fn has_blocks(&self) -> bool {
+        self.blocks.len() > self.free_slots.len()
     }
 }
 
@@ -179,14 +208,16 @@ impl<S> Index<BlockId> for Slab<S> {
     type Output = Block<S>;
     #[inline]
     fn index(&self, id: BlockId) -> &Block<S> {
-        &self.blocks[id as usize]
+        debug_assert_eq!(part_of(id), self.part as usize, "block of another part");
+        &self.blocks[(id as usize) & (PART_SLOTS - 1)]
     }
 }
 
 impl<S> IndexMut<BlockId> for Slab<S> {
     #[inline]
     fn index_mut(&mut self, id: BlockId) -> &mut Block<S> {
-        &mut self.blocks[id as usize]
+        debug_assert_eq!(part_of(id), self.part as usize, "block of another part");
+        &mut self.blocks[(id as usize) & (PART_SLOTS - 1)]
     }
 }
 
@@ -195,17 +226,18 @@ impl<S: Copy> Slab<S> {
     #[inline]
     pub fn insert(&mut self, b: Block<S>) -> BlockId {
         if let Some(id) = self.free_slots.pop() {
-            self.blocks[id as usize] = b;
+            self[id] = b;
             id
         } else {
+            assert!(self.blocks.len() < PART_SLOTS - 1, "block slab part full");
             self.blocks.push(b);
-            (self.blocks.len() - 1) as BlockId
+            (self.part << PART_SHIFT) | (self.blocks.len() - 1) as BlockId
         }
     }
 
     /// Frees the slot of `id` (the block must be unlinked by the caller).
     pub fn remove(&mut self, id: BlockId) {
-        let b = &mut self.blocks[id as usize];
+        let b = &mut self[id];
         b.state = BState::Dead;
         b.prev = NIL;
         b.next = NIL;
@@ -220,6 +252,46 @@ impl<S: Copy> Slab<S> {
     #[inline]
     pub fn split(&mut self, id: BlockId, size: u64) -> BlockId {
         let b = &self[id];
+        if let Some(&rid) = self.free_slots.last() {
+            // a dead slot: its fields written in place (no block built and
+            // copied; the dead slot holds no stream uses)
+            let (addr, rest, stream, pool, small, next, seq, expandable) = (
+                b.addr + size,
+                b.size - size,
+                b.stream,
+                b.pool,
+                b.small,
+                b.next,
+                b.seq,
+                b.expandable,
+            );
+            self.free_slots.pop();
+            let r = &mut self[rid];
+            debug_assert!(r.state == BState::Dead && r.stream_uses.is_empty());
+            debug_assert!(r.capture_uses.is_empty());
+            r.addr = addr;
+            r.size = rest;
+            r.requested = 0;
+            r.stream = stream;
+            r.pool = pool;
+            r.small = small;
+            r.prev = id;
+            r.next = next;
+            r.state = BState::Free;
+            r.event_count = 0;
+            r.gc_base = 0;
+            r.oversize = false;
+            r.seq = seq;
+            r.dormant = false;
+            r.expandable = expandable;
+            if next != NIL {
+                self[next].prev = rid;
+            }
+            let b = &mut self[id];
+            b.next = rid;
+            b.size = size;
+            return rid;
+        }
         let rem = Block {
             seq: b.seq,
             expandable: b.expandable,
@@ -258,8 +330,63 @@ impl<S: Copy> Slab<S> {
         self.remove(next);
         nsize
     }
+}
 
-    /// The ids of a segment's blocks in address order, from its head.
+/// Every block, by id: one [`Slab`] part per shard. A segment's blocks
+/// all live in the part of the shard of the stream it was created for
+/// (splits stay in their part), so split and merge never cross parts.
+pub(crate) struct Blocks<S> {
+    pub(super) parts: Vec<Slab<S>>,
+}
+
+impl<S> Blocks<S> {
+    /// `n` empty parts.
+    pub fn new(n: usize) -> Self {
+        Self {
+            parts: (0..n).map(Slab::new).collect(),
+        }
+    }
+}
+
+impl<S> Index<BlockId> for Blocks<S> {
+    type Output = Block<S>;
+    #[inline]
+    fn index(&self, id: BlockId) -> &Block<S> {
+        &self.parts[part_of(id)][id]
+    }
+}
+
+impl<S> IndexMut<BlockId> for Blocks<S> {
+    #[inline]
+    fn index_mut(&mut self, id: BlockId) -> &mut Block<S> {
+        &mut self.parts[part_of(id)][id]
+    }
+}
+
+impl<S: Copy> Blocks<S> {
+    /// Stores a block in part `part`; returns its id.
+    #[inline]
+    pub fn insert(&mut self, part: usize, b: Block<S>) -> BlockId {
+        self.parts[part].insert(b)
+    }
+
+    /// [`Slab::remove`].
+    pub fn remove(&mut self, id: BlockId) {
+        self.parts[part_of(id)].remove(id)
+    }
+
+    /// [`Slab::split`].
+    #[inline]
+    pub fn split(&mut self, id: BlockId, size: u64) -> BlockId {
+        self.parts[part_of(id)].split(id, size)
+    }
+
+    /// [`Slab::absorb_next`].
+    pub fn absorb_next(&mut self, id: BlockId) -> u64 {
+        self.parts[part_of(id)].absorb_next(id)
+    }
+
+    /// [`Slab::segment_blocks`].
     pub fn segment_blocks(&self, head: BlockId) -> impl Iterator<Item = BlockId> + '_ {
         std::iter::successors((head != NIL).then_some(head), move |&id| {
             let n = self[id].next;

@@ -173,7 +173,8 @@ impl<B: Backend> Inner<B> {
         b.state = BState::Unmapped;
         b.expandable = true;
         b.seq = seq;
-        let id = self.blocks.insert(b);
+        let part = self.router.shard(p.stream);
+        let id = self.blocks.insert(part, b);
         self.segments.set_head(start, id);
         self.pools.add_segment(p.pool);
         self.pools
@@ -304,8 +305,8 @@ impl<B: Backend> Inner<B> {
             self.pools.pool_mut(pool, small).unmapped.remove(&(ns, na));
             self.blocks.absorb_next(id);
         }
+        self.rekey(id, seg_stream);
         let b = &mut self.blocks[id];
-        b.stream = seg_stream;
         let (baddr, whole) = (b.addr, !b.is_split());
         self.pools
             .pool_mut(pool, small)

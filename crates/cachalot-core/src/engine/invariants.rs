@@ -13,6 +13,7 @@
 //!   and segments, and no peak is below its current value.
 #![forbid(unsafe_code)]
 
+use crate::engine::accounting::StatSink;
 use std::collections::{HashMap, HashSet};
 
 use crate::backend::Backend;
@@ -30,7 +31,33 @@ impl<B: Backend> Inner<B> {
         self.check_live()?;
         self.check_events()?;
         self.check_pools()?;
+        self.check_shards()?;
         self.check_stats()
+    }
+
+    /// The shard parts: every block of a segment lives in the part of its
+    /// head, every live entry in its block's part, and (unless a block
+    /// changed shard, which turns the fast path off) every block in the
+    /// part of its stream's shard.
+    pub(crate) fn check_shards(&self) -> Result<(), String> {
+        if !self.live.parts_consistent() {
+            return Err("a live entry outside its block's part".into());
+        }
+        for (start, seg) in self.segments.iter() {
+            let part = crate::engine::block::part_of(seg.head);
+            for id in self.blocks.segment_blocks(seg.head) {
+                if crate::engine::block::part_of(id) != part {
+                    return Err(format!("segment {start:#x}: block {id} outside its part"));
+                }
+                let s = self.blocks[id].stream;
+                if !self.foreign && self.router.get(s) != Some(part) {
+                    return Err(format!(
+                        "segment {start:#x}: block {id} of stream {s:?} outside its shard"
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Calls `f` on every block of every segment, in address order.
@@ -370,7 +397,11 @@ impl<B: Backend> Inner<B> {
                 StatType::SmallPool,
                 StatType::LargePool,
             ] {
+                let peak = got.0[t as usize].peak;
                 let (g, w) = (got.0[t as usize].current, want.0[t as usize].current);
+                if peak < g {
+                    return Err(format!("{name}[{t:?}]: peak {peak} below current {g}"));
+                }
                 if g != w {
                     return Err(format!("{name}.{t:?}.current is {g}, blocks say {w}"));
                 }

@@ -25,14 +25,18 @@ mod pools;
 mod reclaim;
 pub mod rounding;
 mod segments;
+mod shard;
 mod snapshot;
 mod state;
+mod sync;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use parking_lot::{Mutex, MutexGuard, RwLock};
+use parking_lot::RwLock;
+
+use self::sync::{Mutex, MutexGuard};
 
 use crate::backend::Backend;
 use crate::config::AllocatorConfig;
@@ -42,6 +46,7 @@ use crate::stats::DeviceStats;
 pub use capture::PoolFilter;
 pub use history::{HistoryConfig, TraceAction, TraceEntry};
 pub use pools::PoolId;
+use shard::{SHARDS, Shard};
 pub use snapshot::{BlockSnapshot, BlockState, SegmentSnapshot, Snapshot};
 use state::{AllocOutcome, Inner};
 
@@ -63,16 +68,75 @@ pub fn graph_pool_handle() -> PoolId {
     (0, NEXT_POOL.fetch_add(1, Ordering::Relaxed))
 }
 
+static NEXT_ALLOCATOR: AtomicU64 = AtomicU64::new(1);
+
+/// A lock on its own cache lines (no false sharing between shards).
+#[repr(align(128))]
+struct Padded<T>(T);
+
+/// One shard's lock.
+type ShardLock<S> = Padded<Mutex<Shard<S>>>;
+
 /// A caching device-memory allocator for one device.
 ///
-/// Thread-safe: every operation takes one short lock. `allocate` on a cache
-/// hit does no heap allocation and calls no backend function (unless blocks
-/// with cross-stream uses are waiting for their events).
+/// Thread-safe, and sharded by stream (`docs/design-shards.md`): a cache
+/// hit and a plain free take only the lock of their stream's shard, so
+/// threads on different streams do not contend; everything else takes the
+/// device lock and then every shard lock. `allocate` on a cache hit does no
+/// heap allocation and calls no backend function.
 pub struct CachingAllocator<B: Backend> {
     backend: B,
+    /// The device lock: the engine's state, with the shards' parts moved
+    /// in while a [`DeviceGuard`] is held.
     inner: Mutex<Inner<B>>,
+    /// The shard locks; taken after `inner`, in index order, on the device
+    /// path; alone on the fast path.
+    shards: Box<[ShardLock<B::Stream>]>,
+    /// This allocator's key in the thread-local shard hints.
+    id: u64,
     observers: RwLock<Vec<(ObserverId, OomObserver)>>,
     next_observer: AtomicU64,
+}
+
+/// The device lock and every shard lock, with the shards' parts checked
+/// in: derefs to the whole engine state. Dropping it checks the parts out
+/// again.
+struct DeviceGuard<'a, B: Backend> {
+    inner: MutexGuard<'a, Inner<B>>,
+    /// The shards held: every shard that holds anything.
+    shards: [Option<MutexGuard<'a, Shard<B::Stream>>>; SHARDS],
+    all: &'a [ShardLock<B::Stream>],
+}
+
+impl<B: Backend> std::ops::Deref for DeviceGuard<'_, B> {
+    type Target = Inner<B>;
+    #[inline]
+    fn deref(&self) -> &Inner<B> {
+        &self.inner
+    }
+}
+
+impl<B: Backend> std::ops::DerefMut for DeviceGuard<'_, B> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut Inner<B> {
+        &mut self.inner
+    }
+}
+
+impl<B: Backend> Drop for DeviceGuard<'_, B> {
+    fn drop(&mut self) {
+        // shards that got something now are taken too (no order needed:
+        // the device lock is held, and a fast path holding a shard lock
+        // waits for nothing)
+        let occupied = self.inner.occupied();
+        for (k, g) in self.shards.iter_mut().enumerate() {
+            if g.is_none() && occupied & (1 << k) != 0 {
+                *g = Some(spin_lock(&self.all[k].0));
+            }
+        }
+        self.inner.check_out(&mut self.shards);
+        self.inner.occupied = occupied;
+    }
 }
 
 impl<B: Backend> std::fmt::Debug for CachingAllocator<B> {
@@ -90,26 +154,57 @@ impl<B: Backend> std::fmt::Debug for CachingAllocator<B> {
 /// first; after about this many spins they park as usual.
 const SPIN_LIMIT: u32 = 4000;
 
-impl<B: Backend> CachingAllocator<B> {
-    #[inline]
-    fn lock(&self) -> MutexGuard<'_, Inner<B>> {
-        match self.inner.try_lock() {
-            Some(g) => g,
-            None => self.lock_contended(),
-        }
+/// Takes `m`, spinning a while before parking.
+#[inline]
+fn spin_lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    match sync::try_lock(m) {
+        Some(g) => g,
+        None => lock_contended(m),
     }
+}
 
-    #[cold]
-    fn lock_contended(&self) -> MutexGuard<'_, Inner<B>> {
+#[cold]
+fn lock_contended<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    if sync::SPIN {
         for _ in 0..SPIN_LIMIT {
             std::hint::spin_loop();
-            if !self.inner.is_locked()
-                && let Some(g) = self.inner.try_lock()
+            if !sync::is_locked(m)
+                && let Some(g) = sync::try_lock(m)
             {
                 return g;
             }
         }
-        self.inner.lock()
+    }
+    sync::lock(m)
+}
+
+impl<B: Backend> CachingAllocator<B> {
+    /// The device path: the device lock, then every shard lock in index
+    /// order (the fixed lock order; the fast path holds one shard lock and
+    /// never waits for another lock while holding it), the parts checked in.
+    #[inline]
+    fn lock(&self) -> DeviceGuard<'_, B> {
+        let mut inner = spin_lock(&self.inner);
+        let occupied = inner.occupied;
+        let mut shards: [Option<MutexGuard<'_, Shard<B::Stream>>>; SHARDS] =
+            std::array::from_fn(|_| None);
+        for (k, g) in shards.iter_mut().enumerate() {
+            if occupied & (1 << k) != 0 {
+                *g = Some(spin_lock(&self.shards[k].0));
+            }
+        }
+        inner.check_in(&mut shards);
+        DeviceGuard {
+            inner,
+            shards,
+            all: &self.shards,
+        }
+    }
+
+    /// The shard lock of shard `k` alone (the fast path).
+    #[inline]
+    fn lock_shard(&self, k: usize) -> MutexGuard<'_, Shard<B::Stream>> {
+        spin_lock(&self.shards[k].0)
     }
 
     /// An allocator over `backend` configured from the environment
@@ -125,8 +220,17 @@ impl<B: Backend> CachingAllocator<B> {
             return Err(crate::config::expandable_unsupported().into());
         }
         let total = backend.memory_info()?.total;
+        let id = NEXT_ALLOCATOR.fetch_add(1, Ordering::Relaxed);
+        let mut inner = Inner::new(config, total, id);
+        let mut shards: Vec<Shard<B::Stream>> =
+            (0..SHARDS).map(|k| Shard::new(k, &inner.config)).collect();
+        let mut refs: Vec<Option<&mut Shard<B::Stream>>> = shards.iter_mut().map(Some).collect();
+        inner.check_out(&mut refs);
+        inner.occupied = 0;
         Ok(Self {
-            inner: Mutex::new(Inner::new(config, total)),
+            inner: Mutex::new(inner),
+            shards: shards.into_iter().map(|s| Padded(Mutex::new(s))).collect(),
+            id,
             backend,
             observers: RwLock::new(Vec::new()),
             next_observer: AtomicU64::new(1),
@@ -151,7 +255,29 @@ impl<B: Backend> CachingAllocator<B> {
                 reason: "tried to allocate more than 1EB memory".into(),
             });
         }
-        let outcome = self.lock().malloc(&self.backend, size, stream)?;
+        let key = shard::stream_key(self.id, &stream);
+        if let Some(k) = shard::hint_get(key) {
+            let r = shard::BUDGET.with(|b| self.lock_shard(k).try_alloc(size, stream, b));
+            match r {
+                Ok(addr) => return Ok(addr),
+                Err(shard::Miss::Budget) => {
+                    // a grant (the device lock alone), then once more
+                    if spin_lock(&self.inner).grant()
+                        && let Ok(addr) =
+                            shard::BUDGET.with(|b| self.lock_shard(k).try_alloc(size, stream, b))
+                    {
+                        return Ok(addr);
+                    }
+                }
+                Err(shard::Miss::Device) => {}
+            }
+        }
+        let outcome = {
+            let mut g = self.lock();
+            let k = g.shard_of(stream);
+            shard::hint_set(key, k);
+            g.malloc(&self.backend, size, stream)?
+        };
         match outcome {
             AllocOutcome::Ok(addr) => Ok(addr),
             AllocOutcome::Oom { report, never_fits } => {
@@ -175,6 +301,53 @@ impl<B: Backend> CachingAllocator<B> {
     pub fn free(&self, addr: u64) -> Result<(), Error> {
         if addr == 0 {
             return Ok(());
+        }
+        // the shard this thread used last, then the others it used
+        if let Some(k) = shard::hint_shard(0) {
+            let r = shard::BUDGET.with(|b| self.lock_shard(k).try_free(addr, b));
+            match r {
+                Ok(()) => return Ok(()),
+                Err(shard::Miss::Budget) => return self.free_after_grant(k, addr),
+                Err(shard::Miss::Device) => {}
+            }
+        } else {
+            return self.lock().free(&self.backend, addr);
+        }
+        self.free_other_shards(addr)
+    }
+
+    /// [`Self::free`] when the thread's budget ran out: a grant, then once
+    /// more on shard `k`, else on the device.
+    #[cold]
+    fn free_after_grant(&self, k: usize, addr: u64) -> Result<(), Error> {
+        if spin_lock(&self.inner).grant_for_free()
+            && shard::BUDGET
+                .with(|b| self.lock_shard(k).try_free(addr, b))
+                .is_ok()
+        {
+            return Ok(());
+        }
+        self.lock().free(&self.backend, addr)
+    }
+
+    /// [`Self::free`] of an address not on the shard this thread used
+    /// last: the other shards it used, else the device.
+    #[cold]
+    fn free_other_shards(&self, addr: u64) -> Result<(), Error> {
+        let mut tried = [usize::MAX; shard::HINTS];
+        tried[0] = shard::hint_shard(0).unwrap_or(usize::MAX);
+        for i in 1..shard::HINTS {
+            let Some(k) = shard::hint_shard(i) else { break };
+            if tried.contains(&k) {
+                continue;
+            }
+            tried[i] = k;
+            let r = shard::BUDGET.with(|b| self.lock_shard(k).try_free(addr, b));
+            match r {
+                Ok(()) => return Ok(()),
+                Err(shard::Miss::Budget) => return self.free_after_grant(k, addr),
+                Err(shard::Miss::Device) => {}
+            }
         }
         self.lock().free(&self.backend, addr)
     }
@@ -339,8 +512,7 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// The entries of the memory history, oldest first.
     pub fn memory_history(&self) -> Vec<TraceEntry> {
-        self.inner
-            .lock()
+        self.lock()
             .history
             .as_ref()
             .map_or_else(Vec::new, |h| h.ring.iter().cloned().collect())
@@ -373,7 +545,14 @@ impl<B: Backend> CachingAllocator<B> {
 
 impl<B: Backend> Drop for CachingAllocator<B> {
     fn drop(&mut self) {
-        let g = self.inner.get_mut();
+        let shards: Vec<&mut Shard<B::Stream>> = self
+            .shards
+            .iter_mut()
+            .map(|s| sync::get_mut(&mut s.0))
+            .collect();
+        let g = sync::get_mut(&mut self.inner);
+        let mut shards: Vec<Option<&mut Shard<B::Stream>>> = shards.into_iter().map(Some).collect();
+        g.check_in(&mut shards);
         if let Err(e) = g.release_all_on_drop(&self.backend) {
             tracing::error!(%e, "releasing device memory on drop failed");
         }

@@ -175,7 +175,7 @@ impl<B: Backend> Inner<B> {
         for (_, _, s, id) in cands {
             if self.stream_is_idle_cached(backend, &mut idle, s)? {
                 self.remove_free(id);
-                self.blocks[id].stream = p.stream;
+                self.rekey(id, p.stream);
                 self.pools.pool_mut(p.pool, p.small).free.note_out(p.stream);
                 tracing::debug!(?s, to = ?p.stream, "reusing an idle stream's cached segment");
                 return Ok(Some(id));

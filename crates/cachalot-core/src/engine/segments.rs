@@ -297,10 +297,14 @@ impl<B: Backend> Inner<B> {
             .on_segment_alloc(StatType::of_pool(p.small), size, oversize);
         self.pools.add_segment(p.pool);
         let seq = self.segments.next_seq();
-        let id = self.blocks.insert(Block {
-            seq,
-            ..Block::free(ptr, size, p.stream, p.pool, p.small, NIL, NIL)
-        });
+        let part = self.router.shard(p.stream);
+        let id = self.blocks.insert(
+            part,
+            Block {
+                seq,
+                ..Block::free(ptr, size, p.stream, p.pool, p.small, NIL, NIL)
+            },
+        );
         self.segments.map.insert(
             ptr,
             Segment {

@@ -7,8 +7,9 @@
 
 use crate::backend::{Backend, NodeOf};
 use crate::config::{AllocatorConfig, CaptureReuse, Placement};
-use crate::engine::addr_table::AddrTable;
-use crate::engine::block::{BState, BlockId, Slab};
+use crate::engine::accounting::StatSink;
+use crate::engine::addr_table::Live;
+use crate::engine::block::{BState, BlockId, Blocks};
 use crate::engine::capture::{CaptureState, Deferred, MallocCtx};
 use crate::engine::events::EventState;
 use crate::engine::history::{History, TraceAction};
@@ -17,6 +18,7 @@ use crate::engine::rounding::{
     MAX_REQUEST, MIN_BLOCK_SIZE, SMALL_SIZE, allocation_size, round_size,
 };
 use crate::engine::segments::{Phys, ReleaseFailures, Segments};
+use crate::engine::shard::{Router, SHARDS};
 use crate::error::{Error, OomReport};
 use crate::stats::{DeviceStats, StatType};
 
@@ -89,11 +91,13 @@ impl Limits {
 
 /// The engine's state for one device.
 pub(crate) struct Inner<B: Backend> {
-    pub(super) blocks: Slab<B::Stream>,
+    /// Every block, one part per shard (the parts are here only while the
+    /// device holds every shard, see `shard.rs`).
+    pub(super) blocks: Blocks<B::Stream>,
     pub(super) pools: Pools<B::Stream>,
     pub(super) segments: Segments<Phys<B>, B::Stream>,
     /// Handed-out blocks by address.
-    pub(super) live: AddrTable,
+    pub(super) live: Live,
     pub(super) stats: DeviceStats,
     pub(super) config: AllocatorConfig,
     pub(super) events: EventState<B>,
@@ -103,25 +107,53 @@ pub(crate) struct Inner<B: Backend> {
     pub(super) history: Option<Box<History>>,
     /// Segments the current release path could not free.
     pub(super) release_failures: ReleaseFailures,
+    /// Stream → shard.
+    pub(super) router: Router<B::Stream>,
+    /// Bumped at every configuration change (shards copy the config when
+    /// it differs from theirs).
+    pub(super) config_gen: u64,
+    /// A block changed stream to one of another shard than its part's
+    /// (idle-stream reuse, cross-stream capture reuse, expandable
+    /// unmapping): the fast path stays off from then on.
+    pub(super) foreign: bool,
+    /// Expandable segments were on at some point (some may remain): the
+    /// fast path stays off from then on.
+    pub(super) ever_expandable: bool,
+    /// The generation of the stat grants (one per check-out).
+    pub(super) generation: u64,
+    /// What is left of each fast stat's slack to grant in this generation.
+    pub(super) remaining: [i64; crate::engine::accounting::FAST_STATS],
+    /// The allocator's key of the grants.
+    pub(super) alloc_id: u64,
+    /// The shards holding anything (held by the device path).
+    pub(super) occupied: u32,
 }
 
 impl<B: Backend> Inner<B> {
-    pub fn new(config: AllocatorConfig, total_memory: u64) -> Self {
+    pub fn new(config: AllocatorConfig, total_memory: u64, alloc_id: u64) -> Self {
         let stats = DeviceStats {
             max_split_size: config.max_split_size_stat(),
             ..DeviceStats::default()
         };
         Self {
-            blocks: Slab::default(),
+            blocks: Blocks::new(SHARDS),
             pools: Pools::default(),
             segments: Segments::default(),
-            live: AddrTable::default(),
+            live: Live::new(SHARDS),
             stats,
             events: EventState::default(),
             capture: CaptureState::default(),
             limits: Limits::new(total_memory, config.per_process_memory_fraction),
             history: None,
             release_failures: ReleaseFailures::default(),
+            router: Router::default(),
+            config_gen: 0,
+            foreign: false,
+            ever_expandable: config.expandable_segments,
+            generation: 0,
+            remaining: [0; crate::engine::accounting::FAST_STATS],
+            alloc_id,
+            occupied: 0,
             config,
         }
     }
@@ -411,7 +443,7 @@ impl<B: Backend> Inner<B> {
         let (mut split_count, mut split_bytes) = (0i64, 0i64);
         // Neighbours merge only when free and of the same stream (blocks of one
         // segment differ in stream only after cross-stream capture reuse).
-        let mergeable = |blocks: &Slab<B::Stream>, n: BlockId| {
+        let mergeable = |blocks: &Blocks<B::Stream>, n: BlockId| {
             n != crate::engine::block::NIL
                 && blocks[n].state == BState::Free
                 && blocks[n].stream == stream
@@ -485,6 +517,8 @@ impl<B: Backend> Inner<B> {
             .into());
         }
         self.config = c;
+        self.config_gen += 1;
+        self.ever_expandable |= self.config.expandable_segments;
         self.limits
             .set_fraction(self.config.per_process_memory_fraction);
         if self.config.placement == Placement::PyTorch {
@@ -504,6 +538,7 @@ impl<B: Backend> Inner<B> {
         // kept in the config too, so that a later `set_config` that does
         // not name the key leaves it as set here
         self.config.per_process_memory_fraction = f;
+        self.config_gen += 1;
         Ok(())
     }
 }

@@ -6,7 +6,7 @@
 use super::{MallocCtx, PoolFilter, capture_state, graph};
 use crate::backend::{Backend, CaptureStatus, NodeOf};
 use crate::config::CaptureReuse;
-use crate::engine::block::{BState, BlockId, NIL, Slab};
+use crate::engine::block::{BState, BlockId, Blocks, NIL};
 use crate::engine::free_set::Found;
 use crate::engine::placement::FitRule;
 use crate::engine::pools::PoolIdx;
@@ -402,7 +402,7 @@ impl<B: Backend> Inner<B> {
         let b = &self.blocks[id];
         let t = b.stream;
         let nbs = [b.prev, b.next];
-        let cand = |blocks: &Slab<B::Stream>, n: BlockId| {
+        let cand = |blocks: &Blocks<B::Stream>, n: BlockId| {
             n != NIL && {
                 let nb = &blocks[n];
                 nb.state == BState::Free && nb.stream != t
@@ -436,7 +436,7 @@ impl<B: Backend> Inner<B> {
                 .unwrap_or(false);
             if in_capture && self.range_visited(backend, capture, t, lo, hi) {
                 self.remove_free(n);
-                self.blocks[n].stream = t;
+                self.rekey(n, t);
                 self.insert_free(n);
             }
         }
@@ -470,7 +470,7 @@ impl<B: Backend> Inner<B> {
         };
         let id = if let Some(id) = free {
             self.remove_free(id);
-            self.blocks[id].stream = p.stream;
+            self.rekey(id, p.stream);
             id
         } else if let Some(c) = deferred {
             let id = self.capture.deferred.swap_remove(c.index).block;
@@ -479,7 +479,7 @@ impl<B: Backend> Inner<B> {
             let b = &mut self.blocks[id];
             b.capture_uses.clear();
             let (from, pool, small) = (b.stream, b.pool, b.small);
-            b.stream = p.stream;
+            self.rekey(id, p.stream);
             // the block is out: count it under its new stream
             let free = &mut self.pools.pool_mut(pool, small).free;
             free.note_back_only(from);

@@ -20,6 +20,23 @@ pub(crate) struct Found {
     pub id: BlockId,
 }
 
+/// Where a peeked block is in its stream's set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum At {
+    Recent,
+    Tree,
+    Whole(usize),
+}
+
+/// A block [`FreeSet::peek_first_at_least`] found: the block, its
+/// stream's set and where in it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Peeked {
+    pub found: Found,
+    set: usize,
+    at: At,
+}
+
 /// A free block with its stream, as [`FreeSet::iter`] lists them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct FreeEntry<S> {
@@ -344,6 +361,109 @@ impl<S: Copy + Ord> FreeSet<S> {
     /// The streams with a set (possibly empty), in order.
     pub fn streams(&self) -> impl Iterator<Item = S> + '_ {
         self.streams.iter().map(|e| e.0)
+    }
+
+    /// The last stream with a set.
+    #[inline]
+    pub fn last_stream(&self) -> Option<S> {
+        self.streams.last().map(|e| e.0)
+    }
+
+    /// Moves the last stream's set to `to` (a shard's set; call
+    /// [`FreeSet::sort_streams`] on it once all are moved). No allocation
+    /// once the vectors have grown.
+    pub fn move_last_to(&mut self, to: &mut FreeSet<S>) {
+        if let Some(e) = self.streams.pop() {
+            let n = e.1.len();
+            self.len -= n;
+            to.len += n;
+            to.streams.push(e);
+        }
+    }
+
+    /// Takes every stream's set of `from` back (the reverse of
+    /// [`FreeSet::move_streams_to`]; call [`FreeSet::sort_streams`] once
+    /// all are back).
+    pub fn take_streams_from(&mut self, from: &mut FreeSet<S>) {
+        self.len += from.len;
+        from.len = 0;
+        self.streams.append(&mut from.streams);
+    }
+
+    /// Restores the stream order after [`FreeSet::take_streams_from`].
+    pub fn sort_streams(&mut self) {
+        self.streams.sort_unstable_by_key(|e| e.0);
+    }
+
+    /// Whether stream `s` has a set here.
+    #[inline]
+    pub fn has_stream(&self, s: S) -> bool {
+        self.streams.iter().any(|e| e.0 == s)
+    }
+
+    /// What [`FreeSet::take_first_at_least`] would take, without taking
+    /// it (take it with [`FreeSet::take_peeked`]).
+    #[inline]
+    pub fn peek_first_at_least(
+        &self,
+        s: S,
+        size: u64,
+        accept: impl Fn(u64) -> bool,
+    ) -> Option<Peeked> {
+        let si = self.streams.iter().position(|e| e.0 == s)?;
+        let set = &self.streams[si].1;
+        if let Some((k, id, recent)) = set.best(fkey(size, 0))
+            && accept(unkey(k).0)
+        {
+            let (size, addr) = unkey(k);
+            let at = if recent { At::Recent } else { At::Tree };
+            return Some(Peeked {
+                found: Found { size, addr, id },
+                set: si,
+                at,
+            });
+        }
+        let pos = set
+            .whole
+            .iter()
+            .position(|w| w.size >= size && accept(w.size))?;
+        let w = set.whole[pos];
+        Some(Peeked {
+            found: Found {
+                size: w.size,
+                addr: w.addr,
+                id: w.id,
+            },
+            set: si,
+            at: At::Whole(pos),
+        })
+    }
+
+    /// Takes the block [`FreeSet::peek_first_at_least`] found (the set
+    /// unchanged since): exactly what `take_first_at_least` does.
+    #[inline]
+    pub fn take_peeked(&mut self, p: &Peeked) {
+        let set = &mut self.streams[p.set].1;
+        match p.at {
+            At::Recent => set.recent = None,
+            At::Tree => {
+                let r = set.tree.remove(p.found.size, p.found.addr);
+                debug_assert_eq!(r, Some(p.found.id));
+            }
+            At::Whole(pos) => {
+                set.whole.remove(pos);
+            }
+        }
+        set.out = set.out.saturating_add(1);
+        self.len -= 1;
+    }
+
+    /// Inserts a free block of the set a [`Peeked`] came from (a split
+    /// remainder: not dormant).
+    #[inline]
+    pub fn insert_peeked(&mut self, p: &Peeked, size: u64, addr: u64, id: BlockId) {
+        self.streams[p.set].1.insert(fkey(size, addr), id);
+        self.len += 1;
     }
 
     /// Number of free blocks.

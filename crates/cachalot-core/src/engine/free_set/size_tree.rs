@@ -244,6 +244,10 @@ impl SizeTree {
     /// The smallest (size, address) with size ≥ `size`.
     #[inline]
     pub(super) fn first_at_least(&self, size: u64) -> Option<(u64, u64, BlockId)> {
+        if self.len == 0 {
+            // (a stream whose blocks are all out, or dormant: no bitmap scan)
+            return None;
+        }
         let c = class_of(size);
         let hit = if self.bits[c / 64] & (1 << (c % 64)) != 0 {
             self.bins[c].first_at_least(size)

@@ -1,0 +1,183 @@
+//! The sharded engine (`docs/design-shards.md`): threads on their own
+//! streams with a janitor thread emptying the cache and reading the stats
+//! every millisecond (no deadlock, exact stats at the end, throughput
+//! printed), and the stat peaks exact when one thread works on several
+//! shards (the thread-local budgets).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use cachalot_conformance::mock::GIB;
+use cachalot_core::{AllocatorConfig, CachingAllocator, Error};
+use cachalot_mock::MockConfig;
+
+/// splitmix64
+fn next(x: &mut u64) -> u64 {
+    *x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *x;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Eight threads on eight streams (the `cachalot threads` workload) and a
+/// janitor calling `empty_cache` and `memory_stats` every millisecond.
+#[test]
+fn eight_streams_with_a_janitor_every_millisecond() {
+    let m = MockConfig::new(16 * GIB).build();
+    let a = Arc::new(CachingAllocator::with_config(m.clone(), AllocatorConfig::default()).unwrap());
+    let streams: Vec<_> = (0..8).map(|_| m.create_stream()).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let ops = Arc::new(AtomicU64::new(0));
+    let janitor = {
+        let (a, stop) = (a.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut rounds = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                a.empty_cache().unwrap();
+                let s = a.memory_stats();
+                // every read is a consistent view: nothing allocated is
+                // more than what is reserved
+                assert!(s["allocated_bytes.all.current"] <= s["reserved_bytes.all.current"]);
+                assert!(s["allocated_bytes.all.current"] <= s["allocated_bytes.all.peak"]);
+                rounds += 1;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            rounds
+        })
+    };
+    let t0 = Instant::now();
+    let workers: Vec<_> = (0..8usize)
+        .map(|t| {
+            let (a, s, ops) = (a.clone(), streams[t], ops.clone());
+            std::thread::spawn(move || {
+                let mut x = 0x1234_5678 ^ (t as u64) << 32;
+                let mut live = [0u64; 64];
+                let mut max_live_bytes = 0u64;
+                let mut live_bytes = 0u64;
+                let mut sizes = [0u64; 64];
+                for _ in 0..40_000 {
+                    let k = (next(&mut x) % 64) as usize;
+                    if live[k] != 0 {
+                        a.free(std::mem::take(&mut live[k])).unwrap();
+                        live_bytes -= sizes[k];
+                    } else {
+                        let size = 512 << (next(&mut x) % 12);
+                        live[k] = a.allocate(size, s).unwrap();
+                        sizes[k] = a.block_size(live[k]).unwrap();
+                        live_bytes += sizes[k];
+                        max_live_bytes = max_live_bytes.max(live_bytes);
+                    }
+                }
+                for p in live {
+                    if p != 0 {
+                        a.free(p).unwrap();
+                    }
+                }
+                ops.fetch_add(40_000, Ordering::Relaxed);
+                max_live_bytes
+            })
+        })
+        .collect();
+    let maxima: Vec<u64> = workers.into_iter().map(|h| h.join().unwrap()).collect();
+    let secs = t0.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    let rounds = janitor.join().unwrap();
+    let n = ops.load(Ordering::Relaxed);
+    println!(
+        "mixed: {n} ops on 8 streams in {secs:.3} s = {:.2} Mops/s, {rounds} janitor rounds",
+        n as f64 / secs / 1e6
+    );
+    assert!(rounds > 0);
+    a.check_invariants().unwrap();
+    let s = a.stats();
+    assert_eq!(s.allocation.all().current, 0);
+    assert_eq!(s.allocated_bytes.all().current, 0);
+    assert_eq!(s.active.all().current, 0);
+    assert_eq!(s.requested_bytes.all().current, 0);
+    // every allocation counted and freed exactly once
+    assert_eq!(
+        s.allocation.all().allocated,
+        s.allocation.all().freed,
+        "{:?}",
+        s.allocation
+    );
+    assert!(s.allocation.all().allocated >= n as i64 / 3);
+    // the peak is at least any thread's own and at most all threads' at once
+    let peak = s.allocated_bytes.all().peak as u64;
+    assert!(peak >= *maxima.iter().max().unwrap(), "{peak} {maxima:?}");
+    assert!(peak <= maxima.iter().sum::<u64>(), "{peak} {maxima:?}");
+    a.empty_cache().unwrap();
+    assert_eq!(a.stats().reserved_bytes.all().current, 0);
+}
+
+/// One thread on four streams (four shards): every peak equals the peak a
+/// sequential count gives, after every operation (the budgets are the
+/// thread's, so a free on one shard pays for an allocation on another).
+#[test]
+fn one_thread_on_four_shards_keeps_peaks_exact() {
+    let m = MockConfig::new(16 * GIB).build();
+    let a = CachingAllocator::with_config(m.clone(), AllocatorConfig::default()).unwrap();
+    let streams: Vec<_> = (0..4).map(|_| m.create_stream()).collect();
+    let mut x = 7u64;
+    let mut live: Vec<(u64, u64)> = Vec::new();
+    let (mut cur, mut peak, mut count, mut count_peak) = (0i64, 0i64, 0i64, 0i64);
+    for i in 0..30_000u32 {
+        let r = next(&mut x);
+        if live.len() < 200 && (r & 1 == 0 || live.is_empty()) {
+            let size = 512 << (r % 13);
+            let p = a.allocate(size, streams[(r >> 8) as usize % 4]).unwrap();
+            let b = a.block_size(p).unwrap();
+            live.push((p, b));
+            cur += b as i64;
+            count += 1;
+        } else {
+            let (p, b) = live.swap_remove((r >> 16) as usize % live.len());
+            a.free(p).unwrap();
+            cur -= b as i64;
+            count -= 1;
+        }
+        peak = peak.max(cur);
+        count_peak = count_peak.max(count);
+        if i % 7 == 0 {
+            let s = a.stats();
+            assert_eq!(s.allocated_bytes.all().current, cur, "op {i}");
+            assert_eq!(s.allocated_bytes.all().peak, peak, "op {i}");
+            assert_eq!(s.allocation.all().peak, count_peak, "op {i}");
+        }
+        if i % 1000 == 0 {
+            a.reset_peak_stats();
+            peak = cur;
+            count_peak = count;
+            a.check_invariants().unwrap();
+        }
+    }
+    a.check_invariants().unwrap();
+}
+
+/// A stream's block freed by another thread (not on its shard's hint):
+/// served by the device path, exactly.
+#[test]
+fn frees_from_other_threads_are_exact() {
+    let m = MockConfig::new(4 * GIB).build();
+    let a = Arc::new(CachingAllocator::with_config(m.clone(), AllocatorConfig::default()).unwrap());
+    let s = m.create_stream();
+    let ptrs: Vec<u64> = (0..500)
+        .map(|i| a.allocate(512 << (i % 10), s).unwrap())
+        .collect();
+    let a2 = a.clone();
+    std::thread::spawn(move || {
+        for p in ptrs {
+            a2.free(p).unwrap();
+        }
+    })
+    .join()
+    .unwrap();
+    a.check_invariants().unwrap();
+    assert_eq!(a.stats().allocation.all().current, 0);
+    assert!(matches!(
+        a.free(0x1234_0000),
+        Err(Error::UnknownPointer(0x1234_0000))
+    ));
+}
