@@ -269,7 +269,7 @@ impl<B: Backend> CachingAllocator<B> {
                         return Ok(addr);
                     }
                 }
-                Err(shard::Miss::Device) => {}
+                Err(shard::Miss::Device | shard::Miss::Absent) => {}
             }
         }
         let outcome = {
@@ -308,7 +308,8 @@ impl<B: Backend> CachingAllocator<B> {
             match r {
                 Ok(()) => return Ok(()),
                 Err(shard::Miss::Budget) => return self.free_after_grant(k, addr),
-                Err(shard::Miss::Device) => {}
+                Err(shard::Miss::Device) => return self.lock().free(&self.backend, addr),
+                Err(shard::Miss::Absent) => {}
             }
         } else {
             return self.lock().free(&self.backend, addr);
@@ -346,7 +347,8 @@ impl<B: Backend> CachingAllocator<B> {
             match r {
                 Ok(()) => return Ok(()),
                 Err(shard::Miss::Budget) => return self.free_after_grant(k, addr),
-                Err(shard::Miss::Device) => {}
+                Err(shard::Miss::Device) => break,
+                Err(shard::Miss::Absent) => {}
             }
         }
         self.lock().free(&self.backend, addr)

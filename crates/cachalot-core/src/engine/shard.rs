@@ -249,6 +249,8 @@ impl<const VALID: bool> StatSink for Spend<'_, VALID> {
 pub(crate) enum Miss {
     /// This shard cannot serve it: the device must.
     Device,
+    /// A free of an address this shard does not hold (another may).
+    Absent,
     /// It would exceed the thread's budget: a new grant may let it run.
     Budget,
 }
@@ -382,8 +384,10 @@ impl<S: Copy + Ord> Shard<S> {
         if !self.view.ok {
             return Err(Miss::Device);
         }
+        // (an address held here but not servable here goes to the device
+        // at once; one not held here may be another shard's)
         let Some(id) = self.live.get(addr) else {
-            return Err(Miss::Device);
+            return Err(Miss::Absent);
         };
         let b = &self.slab[id];
         if !b.stream_uses.is_empty()
@@ -769,7 +773,8 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
     pub(crate) fn occupied(&mut self) -> u32 {
         let mut m = 0u32;
         for k in 0..SHARDS {
-            if self.blocks.parts[k].has_blocks() || self.live.parts[k].len() > 0 {
+            // (a live block is a block of its part)
+            if self.blocks.parts[k].has_blocks() {
                 m |= 1 << k;
             }
         }
@@ -823,6 +828,7 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
         }
         let o = &self.stats.oversize_allocations;
         self.remaining[OVERSIZE] = (o.peak - o.current).max(0);
+        self.grantee = 0;
         for (k, sh) in shards.iter_mut().enumerate() {
             let Some(sh) = sh else {
                 debug_assert!(!self.blocks.parts[k].has_blocks() && self.live.parts[k].len() == 0);
@@ -867,9 +873,24 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
                 // nothing left to give: a retry helps only a fresh budget
                 return fresh;
             }
+            // the thread's key: its budget's address (unique among live
+            // threads); a thread that is the only one to have taken grants
+            // in this generation and asks again gets everything left (one
+            // thread reaches a peak again exactly, with no device visit)
+            let me = b as *const Budget as usize;
+            let all = self.grantee == me;
+            self.grantee = if self.grantee == 0 || all {
+                me
+            } else {
+                usize::MAX
+            };
             for (r, room) in self.remaining.iter_mut().zip(&b.room) {
                 // half of what is left, rounded up (never negative)
-                let g = ((*r as u64 + 1) >> 1) as i64;
+                let g = if all {
+                    *r
+                } else {
+                    ((*r as u64 + 1) >> 1) as i64
+                };
                 *r -= g;
                 room.set(room.get() + g);
             }

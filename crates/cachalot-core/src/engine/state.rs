@@ -127,6 +127,9 @@ pub(crate) struct Inner<B: Backend> {
     pub(super) alloc_id: u64,
     /// The shards holding anything (held by the device path).
     pub(super) occupied: u32,
+    /// The thread that took this generation's grants (its budget's
+    /// address), 0 for none yet, `usize::MAX` for several.
+    pub(super) grantee: usize,
 }
 
 impl<B: Backend> Inner<B> {
@@ -154,6 +157,7 @@ impl<B: Backend> Inner<B> {
             remaining: [0; crate::engine::accounting::FAST_STATS],
             alloc_id,
             occupied: 0,
+            grantee: 0,
             config,
         }
     }
