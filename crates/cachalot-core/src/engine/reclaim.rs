@@ -243,7 +243,7 @@ impl<B: Backend> Inner<B> {
                         let b = &self.blocks[e.id];
                         if releasable(b) {
                             releasable_bytes += e.size;
-                        } else if b.expandable && b.event_count == 0 {
+                        } else if self.unmappable(e.id) {
                             // the whole pages an expandable block's release unmaps
                             releasable_bytes += self.unmappable_bytes(e.id);
                         }
