@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Memory/count parity check for `cachalot replay` on the mock backend.
 
+The baseline in the repository: scripts/parity_baseline.json (42 cases),
+    python3 scripts/parity_figures.py --check scripts/parity_baseline.json --bin BIN
+
 For every trace (the three files in traces/ plus the synthetic hit_1mib,
 churn_1stream and churn_4streams) and every allocator config in CONFIGS it runs
 
@@ -43,7 +46,10 @@ CONFIGS = ("",
            "idle_stream_reuse:True",
            "placement:pytorch,idle_stream_reuse:True",
            "max_split_size_mb:256,garbage_collection_threshold:0.8,"
-           "per_process_memory_fraction:0.9")
+           "per_process_memory_fraction:0.9",
+           # PyTorch 2.11's expandable mode, and cachalot's (page recycling)
+           "placement:pytorch,expandable_segments:True",
+           "expandable_segments:True")
 PASSES = 3
 # Timing fields: host time, not memory or counts; they vary run to run.
 TIMING = re.compile(r"(^|_)(ns|us|ms|sec|secs|seconds|time|elapsed)(_|$)")

@@ -54,7 +54,6 @@ int main() {
     double t8 = now_us();
     std::printf("%-7zuMiB %6d %10.1f %10.1f %10.1f %10.1f %10.1f  remap+1 access: %.1f/page\n", page / MB, n,
                 (t1 - t0) / n, (t2 - t1) / n, (t3 - t2) / n, (t4 - t3) / n, (t8 - t7) / n, (t6 - t5) / n);
-    (void)t5;
     CK(cuMemAddressFree(va, page * n));
   }
   // slices of one 64 MiB allocation, each 2 MiB mapped on its own (offset)

@@ -25,6 +25,10 @@ def test_allocation_moves_the_stats_by_the_rounded_size():
     # counters in the middle of this test
     gc.collect()
     torch.cuda.synchronize()
+    # blocks of earlier record_stream tests wait for their events; the next
+    # allocation would free them (both allocators process completed events
+    # in malloc): empty_cache frees them now
+    torch.cuda.empty_cache()
     a0, act0, req0, n0 = (cur("allocated_bytes.all.current"), cur("active_bytes.all.current"),
                           cur("requested_bytes.all.current"), cur("allocation.all.current"))
     x = torch.empty(250, dtype=torch.float32, device="cuda")  # 1000 B -> 1024 B

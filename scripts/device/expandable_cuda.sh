@@ -9,7 +9,7 @@
 set -u -o pipefail
 D=${1:-dist/cuda}
 PASSES=${PASSES:-5}
-R=${OUT:-/tmp}/expandable-cuda.jsonl; : >"$R"
+mkdir -p "${OUT:-/tmp}"; R=${OUT:-/tmp}/expandable-cuda.jsonl; : >"$R"
 [ -f "$D/traces/hit_1mib.trace" ] || python3 "$D/traces/synth_traces.py" "$D/traces"
 for cfg in "expandable_segments:False" "placement:pytorch,expandable_segments:True" "expandable_segments:True"; do
   "$D/bin/cachalot" replay --backend cuda --json --passes "$PASSES" --config "$cfg" "$D"/traces/*.trace \

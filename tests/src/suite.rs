@@ -79,18 +79,32 @@ fn fill_and_check<H: Harness>(
     s: <H::B as Backend>::Stream,
 ) {
     h.fill(b, p, len, v, s);
-    expect_bytes(h, b, p, len, v);
+    expect_bytes(h, b, p, len, v, format_args!("block {p:#x}"));
 }
 
-/// Where the harness reads memory: `len` bytes at `p` all equal `v`.
-fn expect_bytes<H: Harness>(h: &H, b: &H::B, p: u64, len: u64, v: u8) {
+/// Where the harness reads memory: the `len` bytes at `p` (`what`, in the
+/// messages) all equal `v`. A harness that says it reads memory
+/// ([`Harness::can_read`]) but returns nothing fails.
+fn expect_bytes<H: Harness>(
+    h: &H,
+    b: &H::B,
+    p: u64,
+    len: u64,
+    v: u8,
+    what: std::fmt::Arguments<'_>,
+) {
     match h.read(b, p, len) {
         Some(bytes) => {
+            assert_eq!(bytes.len() as u64, len, "read of {what}");
             if let Some(at) = bytes.iter().position(|&x| x != v) {
-                panic!("{p:#x}+{at}: {} where {v} was written", bytes[at]);
+                panic!("{what} corrupted: byte {at} is {}, not {v}", bytes[at]);
             }
         }
-        None => assert!(!h.can_read(), "{} returned nothing", h.name()),
+        None => assert!(
+            !h.can_read(),
+            "{} reads memory but returned nothing for {what}",
+            h.name()
+        ),
     }
 }
 
@@ -112,12 +126,12 @@ pub fn expandable_data_across_map_and_unmap<H: Harness>(h: &H) {
         a.free(big).expect("free");
         a.empty_cache().expect("empty_cache"); // unmaps big's whole pages
         check(&a);
-        expect_bytes(h, b, keep, 3 * MIB, 0x11);
-        expect_bytes(h, b, tail, 5 * MIB, 0x33);
+        expect_bytes(h, b, keep, 3 * MIB, 0x11, format_args!("block {keep:#x}"));
+        expect_bytes(h, b, tail, 5 * MIB, 0x33, format_args!("block {tail:#x}"));
         let again = a.allocate(40 * MIB, s).expect("alloc after unmap");
         fill_and_check(h, b, again, 40 * MIB, 0x44, s);
-        expect_bytes(h, b, keep, 3 * MIB, 0x11);
-        expect_bytes(h, b, tail, 5 * MIB, 0x33);
+        expect_bytes(h, b, keep, 3 * MIB, 0x11, format_args!("block {keep:#x}"));
+        expect_bytes(h, b, tail, 5 * MIB, 0x33, format_args!("block {tail:#x}"));
         for p in [keep, tail, again] {
             a.free(p).expect("free");
         }
@@ -150,7 +164,7 @@ pub fn expandable_pages_move_between_streams<H: Harness>(h: &H) {
         "the freed pages served the other stream"
     );
     fill_and_check(h, b, q, 64 * MIB, 0x77, s1);
-    expect_bytes(h, b, live, 2 * MIB, 0x55);
+    expect_bytes(h, b, live, 2 * MIB, 0x55, format_args!("block {live:#x}"));
     a.free(q).expect("free");
     a.free(live).expect("free");
     check(&a);
@@ -341,23 +355,8 @@ pub fn data_survives_reuse<H: Harness>(h: &H) {
             h.fill(b, p, n, round * 16 + i as u8 + 1, s);
         }
         for (i, (&p, &n)) in ptrs.iter().zip(&sizes).enumerate() {
-            match h.read(b, p, n) {
-                Some(bytes) => {
-                    let want = round * 16 + i as u8 + 1;
-                    assert_eq!(bytes.len() as u64, n, "read of block {i} of round {round}");
-                    if let Some(at) = bytes.iter().position(|&x| x != want) {
-                        panic!(
-                            "block {i} of round {round} corrupted: byte {at} is {}, not {want}",
-                            bytes[at]
-                        );
-                    }
-                }
-                None => assert!(
-                    !h.can_read(),
-                    "{} reads memory but returned nothing for block {i}",
-                    h.name()
-                ),
-            }
+            let want = round * 16 + i as u8 + 1;
+            expect_bytes(h, b, p, n, want, format_args!("block {i} of round {round}"));
         }
         // free in a scrambled order so the next round reuses split blocks
         for &i in &[3usize, 0, 4, 1, 2] {

@@ -182,3 +182,32 @@ fn recorded_traces_reserve_no_more_than_pytorch_expandable() {
         }
     }
 }
+
+/// An out-of-memory during a capture (where the ladder cannot unmap)
+/// reports that `empty_cache` would help when the default pool's free
+/// expandable pages would make room: their whole pages count as
+/// releasable, as whole free fixed segments do.
+#[test]
+fn oom_report_counts_free_expandable_pages_as_releasable() {
+    use cachalot_core::{Error, PoolFilter, graph_pool_handle};
+    for config in [PYTORCH, CACHALOT] {
+        let d = cachalot_conformance::mock::Dev::with_capacity(config, 64 * MIB);
+        let s1 = d.stream();
+        let a = d.alloc(40 * MIB);
+        d.free(a); // 40 MiB of free, mapped pages in the default pool
+        let pool = graph_pool_handle();
+        d.a.begin_allocate_to_pool(pool, PoolFilter::CaptureOf(s1))
+            .unwrap();
+        d.m.begin_capture(s1).unwrap();
+        match d.a.allocate(40 * MIB, s1) {
+            Err(Error::OutOfMemory(r)) => {
+                assert!(r.fits_after_empty_cache, "{config}: {r}");
+            }
+            other => panic!("{config}: expected an out-of-memory error, got {other:?}"),
+        }
+        d.m.end_capture(s1).unwrap();
+        d.a.end_allocate_to_pool(pool).unwrap();
+        d.a.release_pool(pool).unwrap();
+        d.check();
+    }
+}

@@ -123,7 +123,7 @@ if [ -n "$san" ]; then
     report="logs/$name.memcheck.txt"
     rm -f "$report"
     start=$(now)
-    ${tmo[@]+"${tmo[@]}"} "$san" "${san_args[@]}" --log-file "$report" "$t" --nocapture "$@" >"$log" 2>&1
+    CACHALOT_UNDER_SANITIZER=1 ${tmo[@]+"${tmo[@]}"} "$san" "${san_args[@]}" --log-file "$report" "$t" --nocapture "$@" >"$log" 2>&1
     rc=$?
     s_time[$name]=$(elapsed "$start")
     # one line per finding: "API <error> <call>", "REAL <text>", "SUMMARY <n>", "NOCUDA"

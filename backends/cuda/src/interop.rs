@@ -822,36 +822,17 @@ mod tests {
         let mut calls = Vec::new();
         assert!(!uses.needs_record(1));
         assert!(uses.needs_record(2));
-        assert!(
-            !uses
-                .record_with(1, |s| {
-                    calls.push(s);
-                    Ok(())
-                })
-                .unwrap()
-        );
-        assert!(
-            uses.record_with(2, |s| {
+        let mut record = |s: u32| {
+            uses.record_with(s, |s| {
                 calls.push(s);
                 Ok(())
             })
             .unwrap()
-        );
-        assert!(
-            !uses
-                .record_with(2, |s| {
-                    calls.push(s);
-                    Ok(())
-                })
-                .unwrap()
-        );
-        assert!(
-            uses.record_with(3, |s| {
-                calls.push(s);
-                Ok(())
-            })
-            .unwrap()
-        );
+        };
+        assert!(!record(1), "the buffer's own stream is not recorded");
+        assert!(record(2));
+        assert!(!record(2), "a stream is recorded once");
+        assert!(record(3));
         assert_eq!(calls, [2, 3]);
         assert_eq!(uses.recorded(), [2, 3]);
         assert!(!uses.needs_record(3));

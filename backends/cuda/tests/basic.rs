@@ -136,8 +136,12 @@ fn events_order_streams() {
         .expect("delay");
     b.memset_d8_async(buf, 1, len, *s1).expect("memset buf");
     b.record_event(&ev, *s1).expect("record");
+    // Under compute-sanitizer (run.sh sets CACHALOT_UNDER_SANITIZER) the
+    // host may block in the delay until it is over, so the event can be
+    // complete here: the ordering is then checked by the data alone.
+    let early = b.query_event(&ev).expect("query");
     assert!(
-        !b.query_event(&ev).expect("query"),
+        !early || std::env::var_os("CACHALOT_UNDER_SANITIZER").is_some(),
         "event completed too early"
     );
 

@@ -51,17 +51,11 @@ impl<B: Backend> Inner<B> {
         let mut want = current + need - peak;
         let mut cands: Vec<(u64, u64, BlockId)> = Vec::new();
         for small in [true, false] {
-            let Some(pool) = self.pools.try_pool_mut(DEFAULT_POOL, small) else {
-                continue;
-            };
-            for e in pool.free.iter() {
-                let b = &self.blocks[e.id];
-                if b.expandable && b.event_count == 0 && b.stream_uses.is_empty() {
-                    // whole pages inside the block
-                    let lo = b.addr.div_ceil(SMALL_BUFFER) * SMALL_BUFFER;
-                    let hi = (b.addr + b.size) / SMALL_BUFFER * SMALL_BUFFER;
-                    if hi > lo {
-                        cands.push((hi - lo, b.addr, e.id));
+            for e in self.pools.pool(DEFAULT_POOL, small).free.iter() {
+                if self.unmappable(e.id) {
+                    let pages = self.unmappable_bytes(e.id);
+                    if pages > 0 {
+                        cands.push((pages, e.addr, e.id));
                     }
                 }
             }
@@ -72,11 +66,11 @@ impl<B: Backend> Inner<B> {
             if want == 0 {
                 break;
             }
-            let b = &self.blocks[id];
-            if !(b.state == BState::Free && b.expandable && b.event_count == 0) {
+            // an earlier unmap may have reused the id
+            if !self.unmappable(id) {
                 continue;
             }
-            let stream = self.segments.expandable_at(b.addr).1.stream;
+            let stream = self.segments.expandable_at(self.blocks[id].addr).1.stream;
             if !synced.contains(&stream) {
                 if let Err(err) = sync_stream(backend, stream) {
                     tracing::debug!(%err, "synchronizing before recycling failed; pages stay mapped");
@@ -88,6 +82,13 @@ impl<B: Backend> Inner<B> {
             let got = self.unmap_block_with(backend, id, UnmapSync::Recycle, false);
             want = want.saturating_sub(got);
         }
+    }
+
+    /// Whether block `id` is a free block of an expandable segment with no
+    /// pending use, whose whole pages a release may unmap.
+    pub(super) fn unmappable(&self, id: BlockId) -> bool {
+        let b = &self.blocks[id];
+        b.state == BState::Free && b.expandable && b.event_count == 0 && b.stream_uses.is_empty()
     }
 
     /// PyTorch's `try_allocate_expandable_block`: a mapped block of at least

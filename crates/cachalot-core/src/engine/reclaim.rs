@@ -240,8 +240,12 @@ impl<B: Backend> Inner<B> {
                     if i == DEFAULT_POOL {
                         let l = &mut largest[usize::from(!small)];
                         *l = (*l).max(e.size);
-                        if releasable(&self.blocks[e.id]) {
+                        let b = &self.blocks[e.id];
+                        if releasable(b) {
                             releasable_bytes += e.size;
+                        } else if self.unmappable(e.id) {
+                            // the whole pages an expandable block's release unmaps
+                            releasable_bytes += self.unmappable_bytes(e.id);
                         }
                     } else {
                         private_cached += e.size;

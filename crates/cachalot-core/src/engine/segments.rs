@@ -320,6 +320,16 @@ impl<B: Backend> Inner<B> {
         Ok(Some(id))
     }
 
+    /// The bytes of the whole pages inside free expandable block `id` (what
+    /// unmapping it gives back).
+    pub(super) fn unmappable_bytes(&self, id: BlockId) -> u64 {
+        let b = &self.blocks[id];
+        let (_, e) = self.segments.expandable_at(b.addr);
+        let lo = (b.addr - e.start).div_ceil(e.page);
+        let hi = (b.addr + b.size - e.start) / e.page;
+        hi.saturating_sub(lo) * e.page
+    }
+
     /// Releases the recycled pages the mapping did not take.
     fn release_spare(&mut self, backend: &B) {
         if self.segments.spare.is_empty() {
