@@ -30,5 +30,5 @@ pub use error::{
 pub use stats::{DeviceStats, Stat, StatArray, StatType};
 
 pub mod engine;
-pub use engine::{CachingAllocator, PoolFilter, PoolId, graph_pool_handle};
+pub use engine::{CachingAllocator, PathCounts, PoolFilter, PoolId, graph_pool_handle};
 pub mod replay;

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use crate::backend::Backend;
-use crate::engine::CachingAllocator;
+use crate::engine::{CachingAllocator, PathCounts};
 use crate::error::Error;
 
 /// Most distinct stream numbers one trace may use (each becomes a real
@@ -1179,14 +1179,26 @@ pub struct ThreadsReport {
     pub ops: u64,
     /// Millions of operations per second over all threads.
     pub mops_per_s: f64,
+    /// How the timed operations were served, summed over the threads
+    /// ([`PathCounts`]).
+    pub paths: PathCounts,
+    /// Device allocations (segments created) during the timed operations.
+    pub device_allocs: i64,
 }
 
 impl ThreadsReport {
     /// One JSON object with the fields of `cca_threads.cpp`.
     pub fn to_json(&self) -> String {
         format!(
-            "{{\"threads\":{},\"ops\":{},\"mops_per_s\":{:.3}}}",
-            self.threads, self.ops, self.mops_per_s
+            "{{\"threads\":{},\"ops\":{},\"mops_per_s\":{:.3},\"fast\":{},\"grants\":{},\"refreshes\":{},\"device\":{},\"device_allocs\":{}}}",
+            self.threads,
+            self.ops,
+            self.mops_per_s,
+            self.paths.fast,
+            self.paths.grants,
+            self.paths.refreshes,
+            self.paths.device,
+            self.device_allocs
         )
     }
 }
@@ -1205,7 +1217,8 @@ pub fn threads_bench<B: Backend>(
             "the threads benchmark needs at least one stream".into(),
         ));
     }
-    let work = |t: usize, ops: u64| -> Result<(), Error> {
+    let work = |t: usize, ops: u64| -> Result<PathCounts, Error> {
+        let before = PathCounts::this_thread();
         let mut rng = 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(t as u64 + 1);
         let mut next = move || {
             // splitmix64
@@ -1224,14 +1237,15 @@ pub fn threads_bench<B: Backend>(
                 live[k] = alloc.allocate(512 << (next() % 12), streams[t])?;
             }
         }
+        let counts = PathCounts::this_thread().since(&before);
         for p in live {
             if p != 0 {
                 alloc.free(p)?;
             }
         }
-        Ok(())
+        Ok(counts)
     };
-    let run = |ops: u64| -> Result<(), Error> {
+    let run = |ops: u64| -> Result<PathCounts, Error> {
         std::thread::scope(|sc| {
             let hs: Vec<_> = (0..streams.len())
                 .map(|t| sc.spawn(move || work(t, ops)))
@@ -1242,18 +1256,22 @@ pub fn threads_bench<B: Backend>(
                         Err(Error::InvalidArgument("bench thread panicked".into()))
                     })
                 })
-                .collect::<Result<Vec<()>, Error>>()
-        })?;
-        Ok(())
+                .collect::<Result<Vec<PathCounts>, Error>>()
+        })
+        .map(|v| v.iter().fold(PathCounts::default(), |a, c| a.plus(c)))
     };
     run(20_000)?;
+    let allocs0 = alloc.stats().num_device_alloc;
     let t0 = Instant::now();
-    run(ops_per_thread)?;
+    let paths = run(ops_per_thread)?;
     let secs = t0.elapsed().as_secs_f64();
+    let device_allocs = alloc.stats().num_device_alloc - allocs0;
     let total = ops_per_thread.saturating_mul(streams.len() as u64);
     Ok(ThreadsReport {
         threads: streams.len(),
         ops: total,
         mops_per_s: total as f64 / secs / 1e6,
+        paths,
+        device_allocs,
     })
 }

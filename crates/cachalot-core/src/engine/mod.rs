@@ -70,6 +70,57 @@ pub fn graph_pool_handle() -> PoolId {
 
 static NEXT_ALLOCATOR: AtomicU64 = AtomicU64::new(1);
 
+/// How the calling thread's allocations and frees were served since it
+/// started: on its stream's shard alone, after a new stats grant (the device
+/// lock alone, briefly), or on the device path (the device lock and every
+/// shard lock). Thread-local and always on; [`crate::replay::threads_bench`]
+/// reports the shares.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PathCounts {
+    /// Served on the shard alone.
+    pub fast: u64,
+    /// Grants taken (the device lock alone).
+    pub grants: u64,
+    /// Refreshes of the grants (a new generation: the device lock, and
+    /// each shard lock in turn, briefly, to fold its stat changes).
+    pub refreshes: u64,
+    /// Served on the device path.
+    pub device: u64,
+}
+
+impl PathCounts {
+    /// The calling thread's counts.
+    pub fn this_thread() -> Self {
+        let [fast, grants, device, refreshes] = shard::PATHS.with(|c| c.get());
+        Self {
+            fast,
+            grants,
+            refreshes,
+            device,
+        }
+    }
+
+    /// The counts since `earlier` (of the same thread).
+    pub fn since(&self, earlier: &Self) -> Self {
+        Self {
+            fast: self.fast.saturating_sub(earlier.fast),
+            grants: self.grants.saturating_sub(earlier.grants),
+            refreshes: self.refreshes.saturating_sub(earlier.refreshes),
+            device: self.device.saturating_sub(earlier.device),
+        }
+    }
+
+    /// The sum of two counts.
+    pub fn plus(&self, other: &Self) -> Self {
+        Self {
+            fast: self.fast + other.fast,
+            grants: self.grants + other.grants,
+            refreshes: self.refreshes + other.refreshes,
+            device: self.device + other.device,
+        }
+    }
+}
+
 /// A lock on its own cache lines (no false sharing between shards).
 #[repr(align(128))]
 struct Padded<T>(T);
@@ -259,19 +310,19 @@ impl<B: Backend> CachingAllocator<B> {
         if let Some(k) = shard::hint_get(key) {
             let r = shard::BUDGET.with(|b| self.lock_shard(k).try_alloc(size, stream, b));
             match r {
-                Ok(addr) => return Ok(addr),
+                Ok(addr) => {
+                    shard::count_path(0);
+                    return Ok(addr);
+                }
                 Err(shard::Miss::Budget) => {
-                    // a grant (the device lock alone), then once more
-                    if spin_lock(&self.inner).grant()
-                        && let Ok(addr) =
-                            shard::BUDGET.with(|b| self.lock_shard(k).try_alloc(size, stream, b))
-                    {
+                    if let Some(addr) = self.alloc_after_grant(k, size, stream) {
                         return Ok(addr);
                     }
                 }
                 Err(shard::Miss::Device | shard::Miss::Absent) => {}
             }
         }
+        shard::count_path(2);
         let outcome = {
             let mut g = self.lock();
             let k = g.shard_of(stream);
@@ -306,29 +357,83 @@ impl<B: Backend> CachingAllocator<B> {
         if let Some(k) = shard::hint_shard(0) {
             let r = shard::BUDGET.with(|b| self.lock_shard(k).try_free(addr, b));
             match r {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    shard::count_path(0);
+                    return Ok(());
+                }
                 Err(shard::Miss::Budget) => return self.free_after_grant(k, addr),
-                Err(shard::Miss::Device) => return self.lock().free(&self.backend, addr),
+                Err(shard::Miss::Device) => return self.free_on_device(addr),
                 Err(shard::Miss::Absent) => {}
             }
         } else {
-            return self.lock().free(&self.backend, addr);
+            return self.free_on_device(addr);
         }
         self.free_other_shards(addr)
+    }
+
+    /// [`Self::allocate`] when the thread's budget ran out: a grant (the
+    /// device lock alone), then once more on shard `k`; else a refresh of
+    /// the grants (the slack other threads' budgets held comes back), then
+    /// once more. `None`: the device must serve it (a peak must rise).
+    #[cold]
+    fn alloc_after_grant(&self, k: usize, size: u64, stream: B::Stream) -> Option<u64> {
+        shard::count_path(1);
+        let try_here = || shard::BUDGET.with(|b| self.lock_shard(k).try_alloc(size, stream, b));
+        if spin_lock(&self.inner).grant()
+            && let Ok(addr) = try_here()
+        {
+            shard::count_path(0);
+            return Some(addr);
+        }
+        if self.refresh_grants()
+            && let Ok(addr) = try_here()
+        {
+            shard::count_path(0);
+            return Some(addr);
+        }
+        None
+    }
+
+    /// A new generation of grants from exact stats, without stopping the
+    /// shards together: the device lock, then each occupied shard's lock in
+    /// turn (index order), to fold its stat changes and void the old
+    /// budgets on it; then the slack and a grant for this thread. False when
+    /// nothing could be granted.
+    #[cold]
+    fn refresh_grants(&self) -> bool {
+        shard::count_path(3);
+        let mut inner = spin_lock(&self.inner);
+        let occupied = inner.refresh_begin();
+        for (k, sh) in self.shards.iter().enumerate() {
+            if occupied & (1 << k) != 0 {
+                inner.refresh_shard(&mut spin_lock(&sh.0));
+            }
+        }
+        inner.refresh_end()
+    }
+
+    /// [`Self::free`] on the device path.
+    #[cold]
+    fn free_on_device(&self, addr: u64) -> Result<(), Error> {
+        shard::count_path(2);
+        self.lock().free(&self.backend, addr)
     }
 
     /// [`Self::free`] when the thread's budget ran out: a grant, then once
     /// more on shard `k`, else on the device.
     #[cold]
     fn free_after_grant(&self, k: usize, addr: u64) -> Result<(), Error> {
-        if spin_lock(&self.inner).grant_for_free()
-            && shard::BUDGET
-                .with(|b| self.lock_shard(k).try_free(addr, b))
-                .is_ok()
-        {
+        shard::count_path(1);
+        let try_here = || shard::BUDGET.with(|b| self.lock_shard(k).try_free(addr, b));
+        if spin_lock(&self.inner).grant_for_free() && try_here().is_ok() {
+            shard::count_path(0);
             return Ok(());
         }
-        self.lock().free(&self.backend, addr)
+        if self.refresh_grants() && try_here().is_ok() {
+            shard::count_path(0);
+            return Ok(());
+        }
+        self.free_on_device(addr)
     }
 
     /// [`Self::free`] of an address not on the shard this thread used
@@ -345,13 +450,16 @@ impl<B: Backend> CachingAllocator<B> {
             tried[i] = k;
             let r = shard::BUDGET.with(|b| self.lock_shard(k).try_free(addr, b));
             match r {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    shard::count_path(0);
+                    return Ok(());
+                }
                 Err(shard::Miss::Budget) => return self.free_after_grant(k, addr),
                 Err(shard::Miss::Device) => break,
                 Err(shard::Miss::Absent) => {}
             }
         }
-        self.lock().free(&self.backend, addr)
+        self.free_on_device(addr)
     }
 
     /// Marks the allocation at `addr` as used on `stream`, so that its memory

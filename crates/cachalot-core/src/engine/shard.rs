@@ -635,6 +635,29 @@ pub(crate) fn stream_key<S: Hash>(alloc: u64, s: &S) -> u64 {
     h.finish() | 1
 }
 
+#[cfg(not(feature = "shuttle"))]
+thread_local! {
+    /// How this thread's operations were served (cheap thread-local
+    /// counters, always on): see [`crate::engine::PathCounts`].
+    pub(crate) static PATHS: Cell<[u64; 4]> = const { Cell::new([0; 4]) };
+}
+
+#[cfg(feature = "shuttle")]
+shuttle::thread_local! {
+    /// This (model) thread's path counts.
+    pub(crate) static PATHS: Cell<[u64; 4]> = Cell::new([0; 4]);
+}
+
+/// Counts one event of kind `i` (0 fast, 1 grant, 2 device, 3 refresh).
+#[inline(always)]
+pub(crate) fn count_path(i: usize) {
+    PATHS.with(|c| {
+        let mut v = c.get();
+        v[i] += 1;
+        c.set(v);
+    });
+}
+
 /// Entries of the thread-local hint.
 pub(crate) const HINTS: usize = 4;
 
@@ -821,14 +844,7 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
             self.pools.pool(DEFAULT_POOL, true).gc_calls,
         ];
         self.generation += 1;
-        for (a, arr) in self.stats.fast_arrays().into_iter().enumerate() {
-            for k in 0..3 {
-                self.remaining[3 * a + k] = (arr.0[k].peak - arr.0[k].current).max(0);
-            }
-        }
-        let o = &self.stats.oversize_allocations;
-        self.remaining[OVERSIZE] = (o.peak - o.current).max(0);
-        self.grantee = 0;
+        self.set_slack();
         for (k, sh) in shards.iter_mut().enumerate() {
             let Some(sh) = sh else {
                 debug_assert!(!self.blocks.parts[k].has_blocks() && self.live.parts[k].len() == 0);
@@ -850,6 +866,53 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
             }
         }
         let _ = self.grant();
+    }
+
+    /// The grants of a new generation: every fast stat's slack (`peak -
+    /// current`, the stats exact: every shard's changes folded in).
+    fn set_slack(&mut self) {
+        for (a, arr) in self.stats.fast_arrays().into_iter().enumerate() {
+            for k in 0..3 {
+                self.remaining[3 * a + k] = (arr.0[k].peak - arr.0[k].current).max(0);
+            }
+        }
+        let o = &self.stats.oversize_allocations;
+        self.remaining[OVERSIZE] = (o.peak - o.current).max(0);
+        self.grantee = 0;
+    }
+
+    /// Starts a refresh of the grants (the device lock held, the shards
+    /// not): a new generation, so that every budget of the old one is void
+    /// on each shard once [`Self::refresh_shard`] has marked it. Returns the
+    /// shards to visit.
+    pub(crate) fn refresh_begin(&mut self) -> u32 {
+        self.generation += 1;
+        self.occupied
+    }
+
+    /// Folds held shard `sh`'s stat changes into the device's stats and
+    /// marks it with the new generation: from now on it takes no spending
+    /// of an old budget, so its changes folded here are all it made with
+    /// them (a free that only decreases stats may still run on it; that
+    /// only makes the slack set aside below smaller than it is).
+    pub(crate) fn refresh_shard(&mut self, sh: &mut Shard<B::Stream>) {
+        sh.stats.fold_into(&mut self.stats);
+        sh.view.generation = self.generation;
+    }
+
+    /// Ends a refresh (every shard of [`Self::refresh_begin`] marked): the
+    /// new generation's slack from the stats, now exact for every increase,
+    /// and a grant for the calling thread.
+    #[must_use]
+    pub(crate) fn refresh_end(&mut self) -> bool {
+        if cfg!(debug_assertions) {
+            for i in 0..FAST_STATS {
+                let s = self.stats.fast_stat_mut(i);
+                assert!(s.current <= s.peak, "fast stat {i} past its peak: {s:?}");
+            }
+        }
+        self.set_slack();
+        self.grant()
     }
 
     /// Gives the calling thread a grant: half of what is left of each
