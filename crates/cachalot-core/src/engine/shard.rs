@@ -789,6 +789,25 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
                 assert!(s.current <= s.peak, "fast stat {i} past its peak: {s:?}");
             }
         }
+        // what the budgets hold: the slack not left to grant
+        let slack = self.slack();
+        for (i, s) in slack.iter().enumerate() {
+            self.outstanding[i] = s - self.remaining[i];
+        }
+    }
+
+    /// Every fast stat's slack `peak - current` (exact once every shard is
+    /// folded in).
+    fn slack(&mut self) -> [i64; FAST_STATS] {
+        let mut out = [0; FAST_STATS];
+        for (a, arr) in self.stats.fast_arrays().into_iter().enumerate() {
+            for k in 0..3 {
+                out[3 * a + k] = (arr.0[k].peak - arr.0[k].current).max(0);
+            }
+        }
+        let o = &self.stats.oversize_allocations;
+        out[OVERSIZE] = (o.peak - o.current).max(0);
+        out
     }
 
     /// The shards that will hold anything once checked out (blocks, live
@@ -843,8 +862,24 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
             self.pools.pool(DEFAULT_POOL, false).gc_calls,
             self.pools.pool(DEFAULT_POOL, true).gc_calls,
         ];
-        self.generation += 1;
-        self.set_slack();
+        // The budgets stay valid when the slack after the device's work
+        // still covers what they hold (the usual case: a miss, a stats
+        // read); else (a peak reset, a change that used up the slack) they
+        // are void and a new generation starts from the exact slack.
+        let slack = self.slack();
+        let keep = self.generation != 0
+            && slack
+                .iter()
+                .zip(&self.outstanding)
+                .all(|(s, held)| s - held >= 0);
+        if keep {
+            for (i, s) in slack.iter().enumerate() {
+                self.remaining[i] = s - self.outstanding[i];
+            }
+        } else {
+            self.generation += 1;
+            self.set_slack();
+        }
         for (k, sh) in shards.iter_mut().enumerate() {
             let Some(sh) = sh else {
                 debug_assert!(!self.blocks.parts[k].has_blocks() && self.live.parts[k].len() == 0);
@@ -871,13 +906,8 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
     /// The grants of a new generation: every fast stat's slack (`peak -
     /// current`, the stats exact: every shard's changes folded in).
     fn set_slack(&mut self) {
-        for (a, arr) in self.stats.fast_arrays().into_iter().enumerate() {
-            for k in 0..3 {
-                self.remaining[3 * a + k] = (arr.0[k].peak - arr.0[k].current).max(0);
-            }
-        }
-        let o = &self.stats.oversize_allocations;
-        self.remaining[OVERSIZE] = (o.peak - o.current).max(0);
+        self.remaining = self.slack();
+        self.outstanding = [0; FAST_STATS];
         self.grantee = 0;
     }
 

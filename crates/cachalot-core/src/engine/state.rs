@@ -123,6 +123,10 @@ pub(crate) struct Inner<B: Backend> {
     pub(super) generation: u64,
     /// What is left of each fast stat's slack to grant in this generation.
     pub(super) remaining: [i64; crate::engine::accounting::FAST_STATS],
+    /// Each fast stat's slack held in the threads' budgets, unspent: at a
+    /// check-in (every shard folded, no grant running) the slack
+    /// `peak - current` less `remaining`.
+    pub(super) outstanding: [i64; crate::engine::accounting::FAST_STATS],
     /// The allocator's key of the grants.
     pub(super) alloc_id: u64,
     /// The shards holding anything (held by the device path).
@@ -155,6 +159,7 @@ impl<B: Backend> Inner<B> {
             ever_expandable: config.expandable_segments,
             generation: 0,
             remaining: [0; crate::engine::accounting::FAST_STATS],
+            outstanding: [0; crate::engine::accounting::FAST_STATS],
             alloc_id,
             occupied: 0,
             grantee: 0,
