@@ -76,7 +76,7 @@ impl<B: Backend> Inner<B> {
         let mut cands: Vec<(u64, u64, BlockId)> = Vec::new();
         for small in [true, false] {
             for e in self.pools.pool(DEFAULT_POOL, small).free.iter() {
-                if self.unmappable(e.id) && !keep(e.id, &self.blocks) {
+                if self.unmappable(e.id) && !keep(e.id, self) {
                     let pages = self.unmappable_bytes(e.id);
                     if pages > 0 {
                         cands.push((pages, e.addr, e.id));
@@ -91,7 +91,7 @@ impl<B: Backend> Inner<B> {
                 break;
             }
             // an earlier unmap may have reused the id
-            if !self.unmappable(id) || keep(id, &self.blocks) {
+            if !self.unmappable(id) || keep(id, self) {
                 continue;
             }
             let stream = self.segments.expandable_at(self.blocks[id].addr).1.stream;
