@@ -68,10 +68,10 @@ impl<B: Backend> Inner<B> {
             return;
         }
         let mut want = current + need - cap;
-        let keep = |id: BlockId, blocks: &crate::engine::block::Slab<B::Stream>| {
+        let keep = |id: BlockId, me: &Self| {
             chain
                 .iter()
-                .any(|&c| c == id || blocks[c].prev == id || blocks[c].next == id)
+                .any(|&c| c == id || me.blocks[c].prev == id || me.blocks[c].next == id)
         };
         let mut cands: Vec<(u64, u64, BlockId)> = Vec::new();
         for small in [true, false] {
