@@ -103,6 +103,9 @@ pub(crate) struct Inner<B: Backend> {
     pub(super) history: Option<Box<History>>,
     /// Segments the current release path could not free.
     pub(super) release_failures: ReleaseFailures,
+    /// How far cachalot's expandable mode lets reserved memory pass the
+    /// allocated peak before pages recycle.
+    pub(super) recycling: crate::engine::expandable::Recycling,
 }
 
 impl<B: Backend> Inner<B> {
@@ -122,6 +125,7 @@ impl<B: Backend> Inner<B> {
             limits: Limits::new(total_memory, config.per_process_memory_fraction),
             history: None,
             release_failures: ReleaseFailures::default(),
+            recycling: Default::default(),
             config,
         }
     }
