@@ -13,9 +13,9 @@
 #                                       threads (CUDA and mock) and the expandable
 #                                       configs, bench.sh's speed and memory tables
 #                                       (one round), the cudarc example
-#   scripts/device/session.sh clients   the CUDA test binaries, then
-#                                       python/client_memory.py (BERT inference,
-#                                       GPT-2 training on four allocators)
+#   scripts/device/session.sh clients   python/client_memory.py (BERT inference,
+#                                       GPT-2 training on four allocators), the
+#                                       expandable configs on CUDA, the cudarc example
 set -u
 PART=${1:?timing, tests or torch}
 OUT=${OUT:-/tmp/out}; L=/tmp/logs-$PART; rm -rf "$L"; mkdir -p "$L" "$OUT"
@@ -69,16 +69,18 @@ case $PART in
     tail -14 "$L/cudarc.txt" | grep -v '^json:'
     grep -E "^==|mops" "$L/threads.txt" | sed -E 's/"ops":[0-9]+,//' ;;
   clients)
-    (cd dist/cuda && CACHALOT_SANITIZER=0 timeout ${T_TESTS:-300} ./run.sh) >"$L/run.txt" 2>&1
-    echo "run.sh: rc=$? after $(( $(date +%s) - S )) s"
     export PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 CACHALOT_TORCH_CACHE=$L/shim-cache
-    timeout ${T_CLIENTS:-280} python3 python/client_memory.py --lib dist/cuda/lib/libcachalot_capi.so \
+    timeout ${T_CLIENTS:-330} python3 python/client_memory.py --lib dist/cuda/lib/libcachalot_capi.so \
       --workloads ${WORKLOADS:-bert,gpt2} --json "$L/clients.json" >"$L/clients.txt" 2>&1
     echo "client_memory.py: rc=$? after $(( $(date +%s) - S )) s"
+    OUT=$L/exp timeout ${T_EXP:-100} scripts/device/expandable_cuda.sh >"$L/expandable.txt" 2>&1
+    echo "expandable_cuda.sh: rc=$? after $(( $(date +%s) - S )) s"
+    OUT=$L/rust timeout ${T_RUST:-100} scripts/device/cudarc_example.sh --ways cudarc,cachalot,cachalot-expandable >"$L/cudarc.txt" 2>&1
+    echo "cudarc_example.sh: rc=$? after $(( $(date +%s) - S )) s"
     tar czf "$OUT/logs-$PART.tgz" -C /tmp "logs-$PART"
-    grep -E "FAILED|panicked|test result: FAILED" "$L/run.txt" | head -20
-    grep -E "^(passed|failed|summary|ok|total)" -i "$L/run.txt" | tail -5
-    tail -16 "$L/clients.txt" ;;
+    tail -14 "$L/clients.txt"
+    tail -20 "$L/expandable.txt" | grep -E "^(trace|gpt2|resnet|side|churn|hit)"
+    tail -14 "$L/cudarc.txt" | grep -v '^json:' ;;
   tests)
     (cd dist/cuda && CACHALOT_SANITIZER=${CACHALOT_SANITIZER:-0} timeout ${T_TESTS:-520} ./run.sh) >"$L/run.txt" 2>&1
     echo "run.sh: rc=$? after $(( $(date +%s) - S )) s"
