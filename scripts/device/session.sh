@@ -9,6 +9,13 @@
 #   scripts/device/session.sh tests     the CUDA test binaries (dist/cuda/run.sh)
 #   scripts/device/session.sh torch     the PyTorch drop-in suite (python/run_gpu_suite.sh)
 #   scripts/device/session.sh train     train_compare.py's timing run (alternating processes)
+#   scripts/device/session.sh ab        A/B against an older CLI in dist/old/cachalot:
+#                                       threads (CUDA and mock) and the expandable
+#                                       configs, bench.sh's speed and memory tables
+#                                       (one round), the cudarc example
+#   scripts/device/session.sh clients   python/client_memory.py (BERT inference,
+#                                       GPT-2 training on four allocators), the
+#                                       expandable configs on CUDA, the cudarc example
 set -u
 PART=${1:?timing, tests or torch}
 OUT=${OUT:-/tmp/out}; L=/tmp/logs-$PART; rm -rf "$L"; mkdir -p "$L" "$OUT"
@@ -35,6 +42,45 @@ case $PART in
     tail -22 "$L/expandable.txt"
     tail -28 "$L/cudarc.txt" | grep -v '^json:'
     cat "$L/cudarc-configs.txt" ;;
+  ab)
+    N=dist/cuda/bin/cachalot; O=dist/old/cachalot
+    T=${THREADS_LIST:-1,2,4,8,16}
+    for r in 1 2; do
+      for b in cuda mock; do
+        echo "== new $b round $r" >>"$L/threads.txt"; $N threads --backend $b --threads $T >>"$L/threads.txt" 2>&1
+        if [ -x $O ]; then echo "== old $b round $r" >>"$L/threads.txt"; $O threads --backend $b --threads $T >>"$L/threads.txt" 2>&1; fi
+      done
+    done
+    echo "threads: after $(( $(date +%s) - S )) s"
+    (cd dist/cuda && RESULTS=$L/results ROUNDS=1 WARMUP=0 MODES="default expandable" timeout ${T_BENCH:-240} ./bench.sh) >"$L/bench.txt" 2>&1
+    echo "bench.sh: rc=$? after $(( $(date +%s) - S )) s"
+    OUT=$L/new timeout ${T_EXP:-100} scripts/device/expandable_cuda.sh >"$L/expandable-new.txt" 2>&1
+    echo "expandable new: rc=$? after $(( $(date +%s) - S )) s"
+    if [ -x $O ]; then
+      mkdir -p /tmp/oldd/bin && cp $O /tmp/oldd/bin/cachalot && ln -sfn "$PWD/dist/cuda/traces" /tmp/oldd/traces
+      OUT=$L/old timeout ${T_EXP:-100} scripts/device/expandable_cuda.sh /tmp/oldd >"$L/expandable-old.txt" 2>&1
+      echo "expandable old: rc=$? after $(( $(date +%s) - S )) s"
+    fi
+    OUT=$L/rust timeout ${T_RUST:-100} scripts/device/cudarc_example.sh --ways cudarc,cachalot,cachalot-expandable >"$L/cudarc.txt" 2>&1
+    echo "cudarc_example.sh: rc=$? after $(( $(date +%s) - S )) s"
+    tar czf "$OUT/logs-$PART.tgz" -C /tmp "logs-$PART"
+    sed -n '/^speed:/,$p' "$L/bench.txt" | head -60
+    for f in new old; do echo "== expandable $f"; tail -20 "$L/expandable-$f.txt" 2>/dev/null | grep -E "^(trace|gpt2|resnet|side|churn|hit)"; done
+    tail -14 "$L/cudarc.txt" | grep -v '^json:'
+    grep -E "^==|mops" "$L/threads.txt" | sed -E 's/"ops":[0-9]+,//' ;;
+  clients)
+    export PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 CACHALOT_TORCH_CACHE=$L/shim-cache
+    timeout ${T_CLIENTS:-330} python3 python/client_memory.py --lib dist/cuda/lib/libcachalot_capi.so \
+      --workloads ${WORKLOADS:-bert,gpt2} --json "$L/clients.json" >"$L/clients.txt" 2>&1
+    echo "client_memory.py: rc=$? after $(( $(date +%s) - S )) s"
+    OUT=$L/exp timeout ${T_EXP:-100} scripts/device/expandable_cuda.sh >"$L/expandable.txt" 2>&1
+    echo "expandable_cuda.sh: rc=$? after $(( $(date +%s) - S )) s"
+    OUT=$L/rust timeout ${T_RUST:-100} scripts/device/cudarc_example.sh --ways cudarc,cachalot,cachalot-expandable >"$L/cudarc.txt" 2>&1
+    echo "cudarc_example.sh: rc=$? after $(( $(date +%s) - S )) s"
+    tar czf "$OUT/logs-$PART.tgz" -C /tmp "logs-$PART"
+    tail -14 "$L/clients.txt"
+    tail -20 "$L/expandable.txt" | grep -E "^(trace|gpt2|resnet|side|churn|hit)"
+    tail -14 "$L/cudarc.txt" | grep -v '^json:' ;;
   tests)
     (cd dist/cuda && CACHALOT_SANITIZER=${CACHALOT_SANITIZER:-0} timeout ${T_TESTS:-520} ./run.sh) >"$L/run.txt" 2>&1
     echo "run.sh: rc=$? after $(( $(date +%s) - S )) s"

@@ -211,3 +211,81 @@ fn oom_report_counts_free_expandable_pages_as_releasable() {
         d.check();
     }
 }
+
+/// Device calls of the virtual-memory kinds (and plain segments) so far.
+fn vmm_calls(m: &cachalot_mock::MockBackend) -> u64 {
+    [
+        MockCall::Map,
+        MockCall::Unmap,
+        MockCall::CreatePhysical,
+        MockCall::ReleasePhysical,
+        MockCall::SetAccess,
+        MockCall::Malloc,
+        MockCall::Free,
+    ]
+    .iter()
+    .map(|c| m.call_count(*c))
+    .sum()
+}
+
+/// A repeating workload settles: in cachalot's expandable mode the
+/// request's chain is chosen before pages recycle (the one with the least
+/// left to map) and reserved memory may pass the allocated peak by 2%
+/// (more, up to 6.25%, only while pages keep moving)
+/// without moving pages, so the real training traces make no device call
+/// after their second pass (before: about 1,600 calls per pass on gpt2 and
+/// 400 on resnet50), at a peak within 2.5% of the live peak.
+#[test]
+fn recycling_settles_on_repeating_traces() {
+    use cachalot_core::Backend;
+    use cachalot_core::replay::replay_pass;
+    for name in ["gpt2_train", "resnet50_train"] {
+        let trace = trace(name);
+        let d = Dev::new(CACHALOT);
+        let streams = vec![d.m.default_stream()];
+        let mut ptr = vec![0u64; trace.num_ids];
+        let mut per_pass = Vec::new();
+        for _ in 0..5 {
+            let c0 = vmm_calls(&d.m);
+            replay_pass(&d.a, &streams, &trace, &mut ptr).expect("replay");
+            per_pass.push(vmm_calls(&d.m) - c0);
+        }
+        assert!(per_pass[0] > 1000, "{name}: {per_pass:?}");
+        assert_eq!(
+            per_pass[2..],
+            [0, 0, 0],
+            "{name}: calls per pass {per_pass:?}"
+        );
+        let s = d.a.stats();
+        let ratio = s.reserved_bytes.all().peak as f64 / s.requested_bytes.all().peak as f64;
+        assert!(ratio < 1.025, "{name}: peak reserved / live peak {ratio}");
+        d.a.check_invariants().expect("invariants");
+    }
+}
+
+/// A workload that cannot settle (random sizes and lifetimes): the
+/// allowance grows while pages keep moving, so later passes move far fewer
+/// pages (about 8,400 calls per pass, were about 33,000 with no allowance),
+/// and it stops at 1/16 of the allocated peak: the peak stays within 1.10x
+/// of the live peak.
+#[test]
+fn recycling_allowance_is_bounded() {
+    use cachalot_core::Backend;
+    use cachalot_core::replay::replay_pass;
+    let trace = Trace::synthetic("churn_1stream").expect("synthetic trace");
+    let d = Dev::new(CACHALOT);
+    let streams = vec![d.m.default_stream()];
+    let mut ptr = vec![0u64; trace.num_ids];
+    let mut per_pass = Vec::new();
+    for _ in 0..4 {
+        let c0 = vmm_calls(&d.m);
+        replay_pass(&d.a, &streams, &trace, &mut ptr).expect("replay");
+        per_pass.push(vmm_calls(&d.m) - c0);
+    }
+    assert!(per_pass[3] < 15_000, "calls per pass {per_pass:?}");
+    let s = d.a.stats();
+    let ratio = s.reserved_bytes.all().peak as f64 / s.requested_bytes.all().peak as f64;
+    assert!(ratio <= 1.10, "peak reserved / live peak {ratio}");
+    assert!(ratio > 1.03, "the allowance grew: {ratio}");
+    d.a.check_invariants().expect("invariants");
+}

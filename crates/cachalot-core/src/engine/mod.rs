@@ -32,7 +32,7 @@ mod sync;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::RwLock;
 
@@ -145,6 +145,9 @@ pub struct CachingAllocator<B: Backend> {
     shards: Box<[ShardLock<B::Stream>]>,
     /// This allocator's key in the thread-local shard hints.
     id: u64,
+    /// Whether the fast path is on (set by the device path at every
+    /// check-out): while it is off, operations go to the device at once.
+    fast: AtomicBool,
     observers: RwLock<Vec<(ObserverId, OomObserver)>>,
     next_observer: AtomicU64,
 }
@@ -157,6 +160,7 @@ struct DeviceGuard<'a, B: Backend> {
     /// The shards held: every shard that holds anything.
     shards: [Option<MutexGuard<'a, Shard<B::Stream>>>; SHARDS],
     all: &'a [ShardLock<B::Stream>],
+    fast: &'a AtomicBool,
 }
 
 impl<B: Backend> std::ops::Deref for DeviceGuard<'_, B> {
@@ -176,17 +180,25 @@ impl<B: Backend> std::ops::DerefMut for DeviceGuard<'_, B> {
 
 impl<B: Backend> Drop for DeviceGuard<'_, B> {
     fn drop(&mut self) {
+        if !self.inner.fast_on && !self.inner.fast_ok() {
+            // the fast path was off and stays off: every part stays here
+            return;
+        }
         // shards that got something now are taken too (no order needed:
         // the device lock is held, and a fast path holding a shard lock
         // waits for nothing)
         let occupied = self.inner.occupied();
-        for (k, g) in self.shards.iter_mut().enumerate() {
-            if g.is_none() && occupied & (1 << k) != 0 {
-                *g = Some(spin_lock(&self.all[k].0));
+        let mut bits = occupied;
+        while bits != 0 {
+            let k = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            if self.shards[k].is_none() {
+                self.shards[k] = Some(spin_lock(&self.all[k].0));
             }
         }
         self.inner.check_out(&mut self.shards);
         self.inner.occupied = occupied;
+        self.fast.store(occupied != 0, Ordering::Relaxed);
     }
 }
 
@@ -239,16 +251,22 @@ impl<B: Backend> CachingAllocator<B> {
         let occupied = inner.occupied;
         let mut shards: [Option<MutexGuard<'_, Shard<B::Stream>>>; SHARDS] =
             std::array::from_fn(|_| None);
-        for (k, g) in shards.iter_mut().enumerate() {
-            if occupied & (1 << k) != 0 {
-                *g = Some(spin_lock(&self.shards[k].0));
-            }
+        let mut bits = occupied;
+        while bits != 0 {
+            let k = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            shards[k] = Some(spin_lock(&self.shards[k].0));
         }
-        inner.check_in(&mut shards);
+        if inner.fast_on {
+            // (while the fast path is off no part is out and no budget is
+            // valid: nothing to check in)
+            inner.check_in(&mut shards);
+        }
         DeviceGuard {
             inner,
             shards,
             all: &self.shards,
+            fast: &self.fast,
         }
     }
 
@@ -282,6 +300,7 @@ impl<B: Backend> CachingAllocator<B> {
             inner: Mutex::new(inner),
             shards: shards.into_iter().map(|s| Padded(Mutex::new(s))).collect(),
             id,
+            fast: AtomicBool::new(false),
             backend,
             observers: RwLock::new(Vec::new()),
             next_observer: AtomicU64::new(1),
@@ -307,7 +326,9 @@ impl<B: Backend> CachingAllocator<B> {
             });
         }
         let key = shard::stream_key(self.id, &stream);
-        if let Some(k) = shard::hint_get(key) {
+        if self.fast.load(Ordering::Relaxed)
+            && let Some(k) = shard::hint_get(key)
+        {
             let r = shard::BUDGET.with(|b| self.lock_shard(k).try_alloc(size, stream, b));
             match r {
                 Ok(addr) => {
@@ -354,6 +375,9 @@ impl<B: Backend> CachingAllocator<B> {
             return Ok(());
         }
         // the shard this thread used last, then the others it used
+        if !self.fast.load(Ordering::Relaxed) {
+            return self.free_on_device(addr);
+        }
         if let Some(k) = shard::hint_shard(0) {
             let r = shard::BUDGET.with(|b| self.lock_shard(k).try_free(addr, b));
             match r {

@@ -272,9 +272,19 @@ impl<B: Backend> Inner<B> {
     ) -> Result<Option<BlockId>, Error> {
         let size = p.alloc_size;
         let expandable = self.config.expandable_segments && backend.virtual_memory().is_some();
+        // cachalot's expandable mode: the chain to map into is chosen
+        // first, then pages elsewhere recycle to make room (before the
+        // memory-fraction check: recycled pages make room)
+        let mut chain = None;
         if expandable && self.recycles_pages() && !self.capture.is_active() {
-            // before the memory-fraction check: recycled pages make room
-            self.recycle_pages(backend, p.size);
+            let (need, blocks) = match self.recycling_chain(p) {
+                Some((start, need, blocks)) => {
+                    chain = Some(start);
+                    (need, blocks)
+                }
+                None => (p.size, Vec::new()),
+            };
+            self.recycle_pages(backend, need, &blocks);
         }
         if let Some(max) = self.limits.allowed_max
             && self.stats.reserved_bytes.all().current as u64 + size > max
@@ -283,7 +293,7 @@ impl<B: Backend> Inner<B> {
             return Ok(None);
         }
         if expandable {
-            let r = self.alloc_expandable(backend, p);
+            let r = self.alloc_expandable(backend, p, chain);
             self.release_spare(backend);
             return r;
         }

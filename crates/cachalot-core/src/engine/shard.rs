@@ -767,9 +767,11 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
         G: std::ops::DerefMut<Target = Shard<B::Stream>>,
     {
         debug_assert_eq!(shards.len(), SHARDS);
+        let mut moved = false;
         for (k, sh) in shards.iter_mut().enumerate() {
             let Some(sh) = sh else { continue };
             let sh = &mut **sh;
+            moved = true;
             std::mem::swap(&mut self.blocks.parts[k], &mut sh.slab);
             std::mem::swap(&mut self.live.parts[k], &mut sh.live);
             for small in [false, true] {
@@ -780,8 +782,12 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
             }
             sh.stats.fold_into(&mut self.stats);
         }
-        for small in [false, true] {
-            self.pools.pool_mut(DEFAULT_POOL, small).free.sort_streams();
+        // (with no shard held, e.g. while the fast path is off, every part
+        // is here already and the sets are in order)
+        if moved {
+            for small in [false, true] {
+                self.pools.pool_mut(DEFAULT_POOL, small).free.sort_streams();
+            }
         }
         if cfg!(debug_assertions) {
             for i in 0..FAST_STATS {
@@ -794,6 +800,22 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
         for (i, s) in slack.iter().enumerate() {
             self.outstanding[i] = s - self.remaining[i];
         }
+    }
+
+    /// Whether the fast path is allowed: no capture, no pending events or
+    /// deferred frees, no memory history, no garbage collection, no
+    /// expandable segments ever, no block outside its stream's shard.
+    pub(crate) fn fast_ok(&mut self) -> bool {
+        let gc_on =
+            self.limits.allowed_max.is_some() && self.config.garbage_collection_threshold > 0.0;
+        self.ever_expandable |= self.config.expandable_segments;
+        !self.capture.is_active()
+            && self.capture.deferred.is_empty()
+            && self.events.outstanding() == 0
+            && self.history.is_none()
+            && !gc_on
+            && !self.ever_expandable
+            && !self.foreign
     }
 
     /// Every fast stat's slack `peak - current` (exact once every shard is
@@ -813,6 +835,10 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
     /// The shards that will hold anything once checked out (blocks, live
     /// blocks or default-pool free sets): the caller holds at least these.
     pub(crate) fn occupied(&mut self) -> u32 {
+        if !self.fast_ok() {
+            // nothing goes out while the fast path is off
+            return 0;
+        }
         let mut m = 0u32;
         for k in 0..SHARDS {
             // (a live block is a block of its part)
@@ -838,16 +864,23 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
         G: std::ops::DerefMut<Target = Shard<B::Stream>>,
     {
         debug_assert_eq!(shards.len(), SHARDS);
-        let gc_on =
-            self.limits.allowed_max.is_some() && self.config.garbage_collection_threshold > 0.0;
-        self.ever_expandable |= self.config.expandable_segments;
-        let ok = !self.capture.is_active()
-            && self.capture.deferred.is_empty()
-            && self.events.outstanding() == 0
-            && self.history.is_none()
-            && !gc_on
-            && !self.ever_expandable
-            && !self.foreign;
+        if !self.fast_ok() {
+            // Every part stays here (the device path then takes no shard
+            // lock at all): the shards held were checked in and hold
+            // nothing; they refuse every fast operation, and every budget
+            // is void.
+            for sh in shards.iter_mut().flatten() {
+                sh.view.ok = false;
+            }
+            self.generation += 1;
+            self.remaining = [0; FAST_STATS];
+            self.outstanding = [0; FAST_STATS];
+            self.grantee = 0;
+            self.fast_on = false;
+            return;
+        }
+        self.fast_on = true;
+        let ok = true;
         for small in [false, true] {
             let free = &mut self.pools.pool_mut(DEFAULT_POOL, small).free;
             while let Some(s) = free.last_stream() {

@@ -119,6 +119,10 @@ pub(crate) struct Inner<B: Backend> {
     /// Expandable segments were on at some point (some may remain): the
     /// fast path stays off from then on.
     pub(super) ever_expandable: bool,
+    /// The fast path was on at the last check-out (parts may be out, budgets
+    /// may be valid); while off, the device path skips check-in and
+    /// check-out.
+    pub(super) fast_on: bool,
     /// The generation of the stat grants (one per check-out).
     pub(super) generation: u64,
     /// What is left of each fast stat's slack to grant in this generation.
@@ -134,6 +138,9 @@ pub(crate) struct Inner<B: Backend> {
     /// The thread that took this generation's grants (its budget's
     /// address), 0 for none yet, `usize::MAX` for several.
     pub(super) grantee: usize,
+    /// How far cachalot's expandable mode lets reserved memory pass the
+    /// allocated peak before pages recycle.
+    pub(super) recycling: crate::engine::expandable::Recycling,
 }
 
 impl<B: Backend> Inner<B> {
@@ -157,12 +164,14 @@ impl<B: Backend> Inner<B> {
             config_gen: 0,
             foreign: false,
             ever_expandable: config.expandable_segments,
+            fast_on: true,
             generation: 0,
             remaining: [0; crate::engine::accounting::FAST_STATS],
             outstanding: [0; crate::engine::accounting::FAST_STATS],
             alloc_id,
             occupied: 0,
             grantee: 0,
+            recycling: Default::default(),
             config,
         }
     }

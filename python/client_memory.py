@@ -1,0 +1,163 @@
+"""Real PyTorch clients on four allocators, for peak reserved memory (issue 15,
+item 6): native default, native `expandable_segments:True`, cachalot's
+default and cachalot's expandable mode (`expandable_segments:True`, page
+recycling), each in its own process, with the same outputs required.
+
+Workloads (random weights, fixed seeds, no downloads):
+- `bert`: BERT-base inference (transformers `BertModel(BertConfig())`, eval,
+  no grad, fp32, deterministic algorithms) on REQUESTS requests of random
+  batch size (1..48) and sequence length (16..512); the output of every
+  request is summed in float64 on the GPU and the sums are compared bit
+  for bit.
+- `gpt2`: GPT-2 small training steps, as `train_compare.py --run gpt2`
+  (bf16 autocast, AdamW); the losses are compared bit for bit.
+
+    CUBLAS_WORKSPACE_CONFIG=:4096:8 python3 python/client_memory.py \\
+        --lib dist/cuda/lib/libcachalot_capi.so [--workloads bert,gpt2]
+
+One run (what the driver starts) prints `RESULT {json}`:
+
+    python3 python/client_memory.py --run bert --allocator cachalot \\
+        --config expandable_segments:True --lib ...
+
+The driver prints a table (peak reserved MiB, peak allocated MiB, device
+allocations, whether the outputs equal native's) and exits 1 when cachalot's
+expandable mode reserves more than native expandable at its peak, or an
+output differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CUBLAS_CONF = ":4096:8"
+# (name, allocator, config): the config is PyTorch's for native, cachalot's for cachalot
+WAYS = (
+    ("native", "native", None),
+    ("native-expandable", "native", "expandable_segments:True"),
+    ("cachalot", "cachalot", None),
+    ("cachalot-expandable", "cachalot", "expandable_segments:True"),
+)
+
+
+def run_bert(torch, requests: int) -> list[str]:
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    m = BertModel(BertConfig()).to("cuda").eval()
+    rng = random.Random(1234)
+    sums = []
+    with torch.no_grad():
+        for _ in range(requests):
+            b, s = rng.randint(1, 48), rng.randint(16, 512)
+            ids = torch.randint(0, 30522, (b, s), generator=torch.Generator().manual_seed(rng.randrange(1 << 30)))
+            out = m(input_ids=ids.to("cuda")).last_hidden_state
+            sums.append(float(out.double().sum().item()).hex())
+            del out, ids
+    return sums
+
+
+def run_one(workload: str, allocator: str, config: str | None, lib: str | None, requests: int,
+            steps: int) -> dict:
+    import torch
+
+    if allocator == "cachalot":
+        sys.path.insert(0, str(HERE))
+        import cachalot_torch
+
+        cachalot_torch.install(config=config, lib_path=lib)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    if workload == "bert":
+        outputs = run_bert(torch, requests)
+    elif workload == "gpt2":
+        sys.path.insert(0, str(HERE))
+        import train_compare
+
+        # train_compare installs cachalot itself only when asked; here it is installed already
+        r = train_compare.run_one("gpt2", "native", steps, None, None)
+        outputs = r["losses"]
+    else:
+        raise SystemExit(f"unknown workload {workload!r}")
+    torch.cuda.synchronize()
+    st = torch.cuda.memory_stats(0)
+    return {
+        "workload": workload,
+        "allocator": allocator,
+        "config": config,
+        "backend": torch.cuda.memory.get_allocator_backend(),
+        "outputs": outputs,
+        "peak_reserved": st["reserved_bytes.all.peak"],
+        "peak_allocated": st["allocated_bytes.all.peak"],
+        "num_device_alloc": st.get("num_device_alloc"),
+    }
+
+
+def child(workload: str, allocator: str, config: str | None, args) -> dict:
+    env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=CUBLAS_CONF)
+    for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CACHALOT_ALLOC_CONF"):
+        env.pop(k, None)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--run", workload, "--allocator", allocator,
+           "--requests", str(args.requests), "--steps", str(args.steps)]
+    if allocator == "native" and config:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = config
+    if allocator == "cachalot":
+        cmd += ["--lib", args.lib] + (["--config", config] if config else [])
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise SystemExit(f"{workload}/{allocator}/{config}: no result (rc {p.returncode})\n{p.stderr[-3000:]}")
+
+
+def drive(args) -> int:
+    ok, rows, results = True, [], []
+    for w in args.workloads.split(","):
+        runs = {name: child(w, alloc, conf, args) for name, alloc, conf in WAYS}
+        results += list(runs.values())
+        ref = runs["native"]["outputs"]
+        for name, r in runs.items():
+            same = r["outputs"] == ref
+            ok &= same
+            rows.append((w, name, r["peak_reserved"] / 2**20, r["peak_allocated"] / 2**20,
+                         r["num_device_alloc"], same))
+        if runs["cachalot-expandable"]["peak_reserved"] > runs["native-expandable"]["peak_reserved"]:
+            ok = False
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    print("| workload | allocator | peak reserved MiB | peak allocated MiB | device allocs | outputs = native |")
+    print("|---|---|---|---|---|---|")
+    for w, name, pr, pa, nd, same in rows:
+        print(f"| {w} | {name} | {pr:,.0f} | {pa:,.0f} | {nd} | {'yes' if same else 'NO'} |")
+    print("\nALL CHECKS PASSED" if ok else "\nSOME CHECK FAILED")
+    return 0 if ok else 1
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", choices=("bert", "gpt2"), help="one run (child mode)")
+    ap.add_argument("--allocator", choices=("native", "cachalot"), default="native")
+    ap.add_argument("--config", default=None)
+    ap.add_argument("--lib", default="dist/cuda/lib/libcachalot_capi.so")
+    ap.add_argument("--workloads", default="bert,gpt2")
+    ap.add_argument("--requests", type=int, default=60)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    if args.run:
+        r = run_one(args.run, args.allocator, args.config, args.lib, args.requests, args.steps)
+        print("RESULT " + json.dumps(r), flush=True)
+        return 0
+    return drive(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
