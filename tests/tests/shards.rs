@@ -181,3 +181,35 @@ fn frees_from_other_threads_are_exact() {
         Err(Error::UnknownPointer(0x1234_0000))
     ));
 }
+
+/// How operations are served: with fixed segments a repeated hit and free
+/// run on the stream's shard alone; with expandable segments (the fast
+/// path is off for good) every one goes to the device at once, and the
+/// device path then holds no shard (the results are the same either way).
+#[test]
+fn paths_by_mode() {
+    use cachalot_core::{Backend, PathCounts};
+    for (config, fast) in [("", true), ("expandable_segments:True", false)] {
+        let m = MockConfig::new(16 * GIB).build();
+        let a = CachingAllocator::with_config(m.clone(), AllocatorConfig::parse(config).unwrap())
+            .unwrap();
+        let s = m.default_stream();
+        let p = a.allocate(1 << 20, s).unwrap();
+        a.free(p).unwrap();
+        let before = PathCounts::this_thread();
+        for _ in 0..1000 {
+            let p = a.allocate(1 << 20, s).unwrap();
+            a.free(p).unwrap();
+        }
+        let d = PathCounts::this_thread().since(&before);
+        if fast {
+            assert_eq!(d.fast, 2000, "{config}: {d:?}");
+            assert_eq!(d.device, 0, "{config}: {d:?}");
+        } else {
+            assert_eq!(d.fast, 0, "{config}: {d:?}");
+            assert_eq!(d.device, 2000, "{config}: {d:?}");
+        }
+        assert_eq!(a.stats().allocation.all().current, 0);
+        a.check_invariants().unwrap();
+    }
+}

@@ -902,8 +902,9 @@ mod tests {
             .unwrap();
         let report = &CORE_REPLAY[CORE_REPLAY.find("impl ThreadsReport").unwrap()..];
         let ours = json_keys(fn_body(report, "to_json"));
-        assert_eq!(ours, ["threads", "ops", "mops_per_s"]);
-        assert_eq!(&json_keys(cpp)[..3], &ours[..]);
+        // (then cachalot's own: how the operations were served)
+        assert_eq!(ours[..3], ["threads", "ops", "mops_per_s"]);
+        assert_eq!(&json_keys(cpp)[..3], &ours[..3]);
         let bench = fn_body(CORE_REPLAY, "threads_bench");
         let mut constants = 0;
         for word in bench.split(|c: char| !c.is_ascii_alphanumeric() && c != '_') {
