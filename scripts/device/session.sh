@@ -13,6 +13,10 @@
 #                                       threads (CUDA and mock) and the expandable
 #                                       configs, bench.sh's speed and memory tables
 #                                       (one round), the cudarc example
+#   scripts/device/session.sh final     the CUDA test binaries, one bench.sh round
+#                                       (speed, memory, threads vs PyTorch), the
+#                                       expandable configs, threads of dist/old/cachalot,
+#                                       the cudarc example
 #   scripts/device/session.sh clients   python/client_memory.py (BERT inference,
 #                                       GPT-2 training on four allocators), the
 #                                       expandable configs on CUDA, the cudarc example
@@ -68,6 +72,26 @@ case $PART in
     for f in new old; do echo "== expandable $f"; tail -20 "$L/expandable-$f.txt" 2>/dev/null | grep -E "^(trace|gpt2|resnet|side|churn|hit)"; done
     tail -14 "$L/cudarc.txt" | grep -v '^json:'
     grep -E "^==|mops" "$L/threads.txt" | sed -E 's/"ops":[0-9]+,//' ;;
+  final)
+    (cd dist/cuda && CACHALOT_SANITIZER=0 timeout ${T_TESTS:-200} ./run.sh) >"$L/run.txt" 2>&1
+    echo "run.sh: rc=$? after $(( $(date +%s) - S )) s"
+    cp -r dist/cuda/logs "$L/" 2>/dev/null
+    (cd dist/cuda && RESULTS=$L/results ROUNDS=1 WARMUP=1 MODES="default expandable" timeout ${T_BENCH:-170} ./bench.sh) >"$L/bench.txt" 2>&1
+    echo "bench.sh: rc=$? after $(( $(date +%s) - S )) s"
+    OUT=$L/exp timeout ${T_EXP:-70} scripts/device/expandable_cuda.sh >"$L/expandable.txt" 2>&1
+    echo "expandable_cuda.sh: rc=$? after $(( $(date +%s) - S )) s"
+    for r in 1 2; do
+      echo "== new round $r" >>"$L/threads.txt"; dist/cuda/bin/cachalot threads --backend cuda >>"$L/threads.txt" 2>&1
+      if [ -x dist/old/cachalot ]; then echo "== old round $r" >>"$L/threads.txt"; dist/old/cachalot threads --backend cuda >>"$L/threads.txt" 2>&1; fi
+    done
+    OUT=$L/rust timeout ${T_RUST:-60} scripts/device/cudarc_example.sh --ways cudarc,cachalot,cachalot-expandable >"$L/cudarc.txt" 2>&1
+    echo "cudarc_example.sh: rc=$? after $(( $(date +%s) - S )) s"
+    tar czf "$OUT/logs-$PART.tgz" -C /tmp "logs-$PART"
+    grep -E "FAILED|panicked" "$L/run.txt" | head -20; tail -4 "$L/run.txt"
+    sed -n '/^speed:/,$p' "$L/bench.txt" | head -40
+    tail -20 "$L/expandable.txt" | grep -E "^(trace|gpt2|resnet|side|churn|hit)"
+    grep -E "^==|mops" "$L/threads.txt" | sed -E 's/"ops":[0-9]+,//'
+    tail -6 "$L/cudarc.txt" | grep -v '^json:' ;;
   clients)
     export PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 CACHALOT_TORCH_CACHE=$L/shim-cache
     timeout ${T_CLIENTS:-330} python3 python/client_memory.py --lib dist/cuda/lib/libcachalot_capi.so \
