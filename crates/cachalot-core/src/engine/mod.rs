@@ -152,13 +152,17 @@ pub struct CachingAllocator<B: Backend> {
     next_observer: AtomicU64,
 }
 
+/// The shard locks the device path holds, by shard.
+type ShardGuards<'a, S> = [Option<MutexGuard<'a, Shard<S>>>; SHARDS];
+
 /// The device lock and every shard lock, with the shards' parts checked
 /// in: derefs to the whole engine state. Dropping it checks the parts out
 /// again.
 struct DeviceGuard<'a, B: Backend> {
     inner: MutexGuard<'a, Inner<B>>,
-    /// The shards held: every shard that holds anything.
-    shards: [Option<MutexGuard<'a, Shard<B::Stream>>>; SHARDS],
+    /// The shards held: every shard that holds anything (`None` while the
+    /// fast path is off: no part is out, no shard is held).
+    shards: Option<ShardGuards<'a, B::Stream>>,
     all: &'a [ShardLock<B::Stream>],
     fast: &'a AtomicBool,
 }
@@ -188,15 +192,19 @@ impl<B: Backend> Drop for DeviceGuard<'_, B> {
         // the device lock is held, and a fast path holding a shard lock
         // waits for nothing)
         let occupied = self.inner.occupied();
+        let all = self.all;
+        let shards = self
+            .shards
+            .get_or_insert_with(|| std::array::from_fn(|_| None));
         let mut bits = occupied;
         while bits != 0 {
             let k = bits.trailing_zeros() as usize;
             bits &= bits - 1;
-            if self.shards[k].is_none() {
-                self.shards[k] = Some(spin_lock(&self.all[k].0));
+            if shards[k].is_none() {
+                shards[k] = Some(spin_lock(&all[k].0));
             }
         }
-        self.inner.check_out(&mut self.shards);
+        self.inner.check_out(&mut shards[..]);
         self.inner.occupied = occupied;
         self.fast.store(occupied != 0, Ordering::Relaxed);
     }
@@ -248,20 +256,19 @@ impl<B: Backend> CachingAllocator<B> {
     #[inline]
     fn lock(&self) -> DeviceGuard<'_, B> {
         let mut inner = spin_lock(&self.inner);
-        let occupied = inner.occupied;
-        let mut shards: [Option<MutexGuard<'_, Shard<B::Stream>>>; SHARDS] =
-            std::array::from_fn(|_| None);
-        let mut bits = occupied;
-        while bits != 0 {
-            let k = bits.trailing_zeros() as usize;
-            bits &= bits - 1;
-            shards[k] = Some(spin_lock(&self.shards[k].0));
-        }
-        if inner.fast_on {
-            // (while the fast path is off no part is out and no budget is
-            // valid: nothing to check in)
-            inner.check_in(&mut shards);
-        }
+        // (while the fast path is off no part is out and no budget is
+        // valid: no shard to take, nothing to check in)
+        let shards = inner.fast_on.then(|| {
+            let mut shards: ShardGuards<'_, B::Stream> = std::array::from_fn(|_| None);
+            let mut bits = inner.occupied;
+            while bits != 0 {
+                let k = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                shards[k] = Some(spin_lock(&self.shards[k].0));
+            }
+            inner.check_in(&mut shards[..]);
+            shards
+        });
         DeviceGuard {
             inner,
             shards,
