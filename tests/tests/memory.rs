@@ -81,6 +81,42 @@ fn recycling_waits_for_the_freeing_streams_work() {
     m.assert_no_vmm_leaks();
 }
 
+/// Pages of a stream whose work has completed are taken first, with no
+/// wait; a stream with queued work keeps its pages (and is not
+/// synchronized) while the idle one covers the request.
+#[test]
+fn recycling_takes_idle_streams_pages_first() {
+    let d = Dev::manual(CACHALOT);
+    let (s1, s2) = (d.stream(), d.stream());
+    let a = d.alloc(40 * MIB);
+    let c = d.alloc_on(40 * MIB, s2);
+    d.m.use_memory(d.s0(), a, 40 * MIB, 1).unwrap(); // queued, not complete
+    d.m.use_memory(s2, c, 40 * MIB, 3).unwrap();
+    d.m.complete(s2).unwrap(); // s2 is idle
+    d.free(a);
+    d.free(c);
+    let syncs = d.m.call_count(MockCall::SynchronizeEvent);
+    let b = d.alloc_on(40 * MIB, s1);
+    assert_eq!(
+        d.m.call_count(MockCall::SynchronizeEvent),
+        syncs,
+        "no stream waited for"
+    );
+    assert_eq!(
+        reserved(&d),
+        80 * MIB as i64,
+        "s2's pages moved, s0's stayed"
+    );
+    d.m.use_memory(s1, b, 40 * MIB, 2).unwrap();
+    d.m.complete_all();
+    assert_eq!(d.m.tag_at(a), Some(1), "s0's block kept its pages and data");
+    assert_eq!(d.m.tag_at(b), Some(2));
+    d.free(b);
+    let m = d.m.clone();
+    drop(d);
+    m.assert_no_vmm_leaks();
+}
+
 /// A block freed while another stream still uses it (`record_stream`) is
 /// not free yet, so its pages are not taken: the new request grows instead.
 #[test]

@@ -11,7 +11,7 @@ use crate::engine::block::{BState, Block, BlockId, NIL};
 use crate::engine::history::TraceAction;
 use crate::engine::pools::DEFAULT_POOL;
 use crate::engine::rounding::SMALL_BUFFER;
-use crate::engine::segments::{UnmapSync, sync_stream};
+use crate::engine::segments::{UnmapSync, stream_idle, sync_stream};
 use crate::engine::state::{Inner, Params};
 use crate::error::Error;
 
@@ -83,7 +83,8 @@ impl<B: Backend> Inner<B> {
     /// unmaps whole free pages of the default pools' expandable segments
     /// (smallest free blocks first: they serve the fewest requests) until
     /// the excess is covered. Each stream whose pages are unmapped is
-    /// synchronized once. Pages of private pools (graphs) and the blocks
+    /// synchronized once, and pages of streams whose work has completed go
+    /// first (no wait). Pages of private pools (graphs) and the blocks
     /// of `chain` (the request's chain, [`Self::recycling_chain`]) and their
     /// neighbours are never taken, so the chain stays as it was.
     ///
@@ -121,27 +122,47 @@ impl<B: Backend> Inner<B> {
             }
         }
         cands.sort_unstable();
-        let mut synced: Vec<B::Stream> = Vec::new();
-        for (_, _, id) in cands {
-            if want == 0 {
-                break;
-            }
-            // an earlier unmap may have reused the id
-            if !self.unmappable(id) || keep(id, self) {
-                continue;
-            }
-            let stream = self.segments.expandable_at(self.blocks[id].addr).1.stream;
-            if !synced.contains(&stream) {
-                if let Err(err) = sync_stream(backend, stream) {
-                    tracing::debug!(%err, "synchronizing before recycling failed; pages stay mapped");
+        // Pages of streams whose work has all completed go first (no
+        // wait: the host stays ahead of the device); then, if that is not
+        // enough, pages of busy streams, after one synchronization each.
+        let mut idle: Vec<(B::Stream, bool)> = Vec::new();
+        for busy_pass in [false, true] {
+            for &(_, _, id) in &cands {
+                if want == 0 {
+                    return;
+                }
+                // an earlier unmap may have reused the id
+                if !self.unmappable(id) || keep(id, self) {
                     continue;
                 }
-                synced.push(stream);
+                let stream = self.segments.expandable_at(self.blocks[id].addr).1.stream;
+                let known = idle.iter().find(|e| e.0 == stream).map(|e| e.1);
+                let is_idle = match known {
+                    Some(v) => v,
+                    None => {
+                        let v = stream_idle(backend, stream);
+                        idle.push((stream, v));
+                        v
+                    }
+                };
+                if !is_idle {
+                    if !busy_pass {
+                        continue;
+                    }
+                    if let Err(err) = sync_stream(backend, stream) {
+                        tracing::debug!(%err, "synchronizing before recycling failed; pages stay mapped");
+                        continue;
+                    }
+                    // synchronized: idle from now on
+                    if let Some(e) = idle.iter_mut().find(|e| e.0 == stream) {
+                        e.1 = true;
+                    }
+                }
+                // the range stays reserved: the stream maps into it again soon
+                let got = self.unmap_block_with(backend, id, UnmapSync::Recycle, false);
+                want = want.saturating_sub(got);
+                self.recycling.moved(got, live);
             }
-            // the range stays reserved: the stream maps into it again soon
-            let got = self.unmap_block_with(backend, id, UnmapSync::Recycle, false);
-            want = want.saturating_sub(got);
-            self.recycling.moved(got, live);
         }
     }
 
