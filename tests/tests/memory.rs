@@ -264,6 +264,26 @@ fn vmm_calls(m: &cachalot_mock::MockBackend) -> u64 {
     .sum()
 }
 
+/// Replays `trace` `passes` times on the default stream of a fresh
+/// allocator in cachalot's mode; returns it and the device calls of each
+/// pass, and the peak reserved over the live peak.
+fn calls_per_pass(trace: &Trace, passes: usize) -> (Dev, Vec<u64>, f64) {
+    use cachalot_core::Backend;
+    use cachalot_core::replay::replay_pass;
+    let d = Dev::new(CACHALOT);
+    let streams = vec![d.m.default_stream()];
+    let mut ptr = vec![0u64; trace.num_ids];
+    let mut per_pass = Vec::new();
+    for _ in 0..passes {
+        let c0 = vmm_calls(&d.m);
+        replay_pass(&d.a, &streams, trace, &mut ptr).expect("replay");
+        per_pass.push(vmm_calls(&d.m) - c0);
+    }
+    let s = d.a.stats();
+    let ratio = s.reserved_bytes.all().peak as f64 / s.requested_bytes.all().peak as f64;
+    (d, per_pass, ratio)
+}
+
 /// A repeating workload settles: in cachalot's expandable mode the
 /// request's chain is chosen before pages recycle (the one with the least
 /// left to map) and reserved memory may pass the allocated peak by 2%
@@ -273,27 +293,14 @@ fn vmm_calls(m: &cachalot_mock::MockBackend) -> u64 {
 /// 400 on resnet50), at a peak within 2.5% of the live peak.
 #[test]
 fn recycling_settles_on_repeating_traces() {
-    use cachalot_core::Backend;
-    use cachalot_core::replay::replay_pass;
     for name in ["gpt2_train", "resnet50_train"] {
-        let trace = trace(name);
-        let d = Dev::new(CACHALOT);
-        let streams = vec![d.m.default_stream()];
-        let mut ptr = vec![0u64; trace.num_ids];
-        let mut per_pass = Vec::new();
-        for _ in 0..5 {
-            let c0 = vmm_calls(&d.m);
-            replay_pass(&d.a, &streams, &trace, &mut ptr).expect("replay");
-            per_pass.push(vmm_calls(&d.m) - c0);
-        }
+        let (d, per_pass, ratio) = calls_per_pass(&trace(name), 5);
         assert!(per_pass[0] > 1000, "{name}: {per_pass:?}");
         assert_eq!(
             per_pass[2..],
             [0, 0, 0],
             "{name}: calls per pass {per_pass:?}"
         );
-        let s = d.a.stats();
-        let ratio = s.reserved_bytes.all().peak as f64 / s.requested_bytes.all().peak as f64;
         assert!(ratio < 1.025, "{name}: peak reserved / live peak {ratio}");
         d.a.check_invariants().expect("invariants");
     }
@@ -306,21 +313,9 @@ fn recycling_settles_on_repeating_traces() {
 /// of the live peak.
 #[test]
 fn recycling_allowance_is_bounded() {
-    use cachalot_core::Backend;
-    use cachalot_core::replay::replay_pass;
     let trace = Trace::synthetic("churn_1stream").expect("synthetic trace");
-    let d = Dev::new(CACHALOT);
-    let streams = vec![d.m.default_stream()];
-    let mut ptr = vec![0u64; trace.num_ids];
-    let mut per_pass = Vec::new();
-    for _ in 0..4 {
-        let c0 = vmm_calls(&d.m);
-        replay_pass(&d.a, &streams, &trace, &mut ptr).expect("replay");
-        per_pass.push(vmm_calls(&d.m) - c0);
-    }
+    let (d, per_pass, ratio) = calls_per_pass(&trace, 4);
     assert!(per_pass[3] < 15_000, "calls per pass {per_pass:?}");
-    let s = d.a.stats();
-    let ratio = s.reserved_bytes.all().peak as f64 / s.requested_bytes.all().peak as f64;
     assert!(ratio <= 1.10, "peak reserved / live peak {ratio}");
     assert!(ratio > 1.03, "the allowance grew: {ratio}");
     d.a.check_invariants().expect("invariants");

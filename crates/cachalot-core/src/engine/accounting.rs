@@ -197,32 +197,30 @@ pub(crate) trait StatSink {
     }
 }
 
+impl DeviceStats {
+    /// The stat array `arr` names.
+    #[inline(always)]
+    fn array_mut(&mut self, arr: Arr) -> &mut crate::stats::StatArray {
+        match arr {
+            Arr::Allocation => &mut self.allocation,
+            Arr::Active => &mut self.active,
+            Arr::AllocatedBytes => &mut self.allocated_bytes,
+            Arr::ActiveBytes => &mut self.active_bytes,
+            Arr::RequestedBytes => &mut self.requested_bytes,
+            Arr::InactiveSplit => &mut self.inactive_split,
+            Arr::InactiveSplitBytes => &mut self.inactive_split_bytes,
+        }
+    }
+}
+
 impl StatSink for DeviceStats {
     #[inline(always)]
     fn inc(&mut self, arr: Arr, st: StatType, n: i64) {
-        let a = match arr {
-            Arr::Allocation => &mut self.allocation,
-            Arr::Active => &mut self.active,
-            Arr::AllocatedBytes => &mut self.allocated_bytes,
-            Arr::ActiveBytes => &mut self.active_bytes,
-            Arr::RequestedBytes => &mut self.requested_bytes,
-            Arr::InactiveSplit => &mut self.inactive_split,
-            Arr::InactiveSplitBytes => &mut self.inactive_split_bytes,
-        };
-        a.increase(st, n);
+        self.array_mut(arr).increase(st, n);
     }
     #[inline(always)]
     fn dec(&mut self, arr: Arr, st: StatType, n: i64) {
-        let a = match arr {
-            Arr::Allocation => &mut self.allocation,
-            Arr::Active => &mut self.active,
-            Arr::AllocatedBytes => &mut self.allocated_bytes,
-            Arr::ActiveBytes => &mut self.active_bytes,
-            Arr::RequestedBytes => &mut self.requested_bytes,
-            Arr::InactiveSplit => &mut self.inactive_split,
-            Arr::InactiveSplitBytes => &mut self.inactive_split_bytes,
-        };
-        a.decrease(st, n);
+        self.array_mut(arr).decrease(st, n);
     }
     #[inline(always)]
     fn oversize(&mut self, d: i64) {

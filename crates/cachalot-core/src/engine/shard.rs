@@ -431,36 +431,28 @@ impl<S: Copy + Ord> Shard<S> {
             split_count += 1;
             split_bytes += merged as i64;
         }
+        let tr = FreeTransitions {
+            st,
+            size,
+            oversize,
+            requested,
+            split_count,
+            split_bytes,
+        };
         let valid = budget.valid(self.view.alloc, self.view.generation);
         let fits = if valid {
             let mut probe = Probe::<true> {
                 b: budget,
                 ok: true,
             };
-            transitions_free(
-                &mut probe,
-                st,
-                size,
-                oversize,
-                requested,
-                split_count,
-                split_bytes,
-            );
+            tr.apply(&mut probe);
             probe.ok
         } else {
             let mut probe = Probe::<false> {
                 b: budget,
                 ok: true,
             };
-            transitions_free(
-                &mut probe,
-                st,
-                size,
-                oversize,
-                requested,
-                split_count,
-                split_bytes,
-            );
+            tr.apply(&mut probe);
             probe.ok
         };
         if !fits {
@@ -510,33 +502,15 @@ impl<S: Copy + Ord> Shard<S> {
         }
         self.stats.dirty = true;
         if valid {
-            let mut s = Spend::<true> {
+            tr.apply(&mut Spend::<true> {
                 s: &mut self.stats,
                 b: budget,
-            };
-            transitions_free(
-                &mut s,
-                st,
-                size,
-                oversize,
-                requested,
-                split_count,
-                split_bytes,
-            );
+            });
         } else {
-            let mut s = Spend::<false> {
+            tr.apply(&mut Spend::<false> {
                 s: &mut self.stats,
                 b: budget,
-            };
-            transitions_free(
-                &mut s,
-                st,
-                size,
-                oversize,
-                requested,
-                split_count,
-                split_bytes,
-            );
+            });
         }
         Ok(())
     }
@@ -572,20 +546,23 @@ fn transitions_alloc(
 }
 
 /// The stat transitions of a plain free (the engine's `retire` and
-/// `free_block`).
-#[inline(always)]
-fn transitions_free(
-    s: &mut impl StatSink,
+/// `free_block`), planned once and applied to a probe, then to the commit.
+struct FreeTransitions {
     st: StatType,
     size: u64,
     oversize: bool,
     requested: u64,
     split_count: i64,
     split_bytes: i64,
-) {
-    s.on_free_requested(st, size, oversize);
-    s.on_inactive_split(st, split_count, split_bytes);
-    s.on_inactive(st, size, requested);
+}
+
+impl FreeTransitions {
+    #[inline(always)]
+    fn apply(&self, s: &mut impl StatSink) {
+        s.on_free_requested(self.st, self.size, self.oversize);
+        s.on_inactive_split(self.st, self.split_count, self.split_bytes);
+        s.on_inactive(self.st, self.size, self.requested);
+    }
 }
 
 /// The engine's `should_split` (expandable segments aside: the fast path
