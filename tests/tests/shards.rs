@@ -213,3 +213,34 @@ fn paths_by_mode() {
         a.check_invariants().unwrap();
     }
 }
+
+/// Hits that each raise a peak (after `reset_peak_stats`, every cached
+/// block handed out again is a new high) are served on the shard with
+/// every shard held, not on the device path, and the peaks stay exact.
+#[test]
+fn hits_that_raise_peaks_stay_on_the_shard() {
+    use cachalot_core::{Backend, PathCounts};
+    let m = MockConfig::new(16 * GIB).build();
+    let a = CachingAllocator::with_config(m.clone(), AllocatorConfig::default()).unwrap();
+    let s = m.default_stream();
+    let n = 32u64;
+    let warm: Vec<u64> = (0..n).map(|_| a.allocate(1 << 20, s).unwrap()).collect();
+    for p in warm {
+        a.free(p).unwrap();
+    }
+    a.reset_peak_stats();
+    let before = PathCounts::this_thread();
+    let again: Vec<u64> = (0..n).map(|_| a.allocate(1 << 20, s).unwrap()).collect();
+    let d = PathCounts::this_thread().since(&before);
+    assert_eq!(d.device, 0, "{d:?}");
+    assert!(d.peak_raises >= n - 1, "{d:?}");
+    let st = a.stats();
+    assert_eq!(st.allocated_bytes.all().peak, (n << 20) as i64);
+    assert_eq!(st.allocation.all().peak, n as i64);
+    assert_eq!(st.allocation.all().current, n as i64);
+    for p in again {
+        a.free(p).unwrap();
+    }
+    assert_eq!(a.stats().allocation.all().peak, n as i64);
+    a.check_invariants().unwrap();
+}

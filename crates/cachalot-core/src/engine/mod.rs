@@ -86,17 +86,21 @@ pub struct PathCounts {
     pub refreshes: u64,
     /// Served on the device path.
     pub device: u64,
+    /// Increases that raised a peak on the shard, with every shard held
+    /// (no part moved).
+    pub peak_raises: u64,
 }
 
 impl PathCounts {
     /// The calling thread's counts.
     pub fn this_thread() -> Self {
-        let [fast, grants, device, refreshes] = shard::PATHS.with(|c| c.get());
+        let [fast, grants, device, refreshes, peak_raises] = shard::PATHS.with(|c| c.get());
         Self {
             fast,
             grants,
             refreshes,
             device,
+            peak_raises,
         }
     }
 
@@ -107,6 +111,7 @@ impl PathCounts {
             grants: self.grants.saturating_sub(earlier.grants),
             refreshes: self.refreshes.saturating_sub(earlier.refreshes),
             device: self.device.saturating_sub(earlier.device),
+            peak_raises: self.peak_raises.saturating_sub(earlier.peak_raises),
         }
     }
 
@@ -117,6 +122,7 @@ impl PathCounts {
             grants: self.grants + other.grants,
             refreshes: self.refreshes + other.refreshes,
             device: self.device + other.device,
+            peak_raises: self.peak_raises + other.peak_raises,
         }
     }
 }
@@ -422,7 +428,58 @@ impl<B: Backend> CachingAllocator<B> {
             shard::count_path(0);
             return Some(addr);
         }
-        None
+        self.alloc_raising_peaks(k, size, stream)
+    }
+
+    /// [`Self::allocate`] when even the whole slack does not cover it (a
+    /// peak must rise), still on shard `k` but with every shard held: the
+    /// device lock and every occupied shard's lock (in index order), every
+    /// stat folded in (exact: nothing else can change one), the hit made
+    /// with an unbounded budget, the peaks raised to the currents after it
+    /// (each stat changes at most once in one operation, so that is its
+    /// peak during it), and a new generation of grants. No part is checked
+    /// in or out. `None`: shard `k` cannot serve it after all (the device
+    /// must).
+    #[cold]
+    fn alloc_raising_peaks(&self, k: usize, size: u64, stream: B::Stream) -> Option<u64> {
+        let mut inner = spin_lock(&self.inner);
+        let occupied = inner.occupied;
+        if !inner.fast_on || occupied & (1 << k) == 0 {
+            return None;
+        }
+        shard::count_path(4);
+        let mut held: ShardGuards<'_, B::Stream> = std::array::from_fn(|_| None);
+        let mut bits = occupied;
+        while bits != 0 {
+            let j = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            held[j] = Some(spin_lock(&self.shards[j].0));
+        }
+        inner.refresh_begin();
+        for sh in held.iter_mut().flatten() {
+            inner.refresh_shard(sh);
+        }
+        let sh = held[k].as_mut().expect("shard k is occupied");
+        let r = shard::BUDGET.with(|b| {
+            inner.unbounded_budget(b);
+            sh.try_alloc(size, stream, b)
+        });
+        inner.refresh_shard(sh);
+        inner.raise_peaks();
+        // a new generation: the unbounded budget is void on every shard
+        inner.refresh_begin();
+        for sh in held.iter_mut().flatten() {
+            inner.refresh_shard(sh);
+        }
+        let _ = inner.refresh_end();
+        drop(held);
+        match r {
+            Ok(addr) => {
+                shard::count_path(0);
+                Some(addr)
+            }
+            Err(_) => None,
+        }
     }
 
     /// A new generation of grants from exact stats, without stopping the

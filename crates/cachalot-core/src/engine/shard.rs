@@ -616,16 +616,17 @@ pub(crate) fn stream_key<S: Hash>(alloc: u64, s: &S) -> u64 {
 thread_local! {
     /// How this thread's operations were served (cheap thread-local
     /// counters, always on): see [`crate::engine::PathCounts`].
-    pub(crate) static PATHS: Cell<[u64; 4]> = const { Cell::new([0; 4]) };
+    pub(crate) static PATHS: Cell<[u64; 5]> = const { Cell::new([0; 5]) };
 }
 
 #[cfg(feature = "shuttle")]
 shuttle::thread_local! {
     /// This (model) thread's path counts.
-    pub(crate) static PATHS: Cell<[u64; 4]> = Cell::new([0; 4]);
+    pub(crate) static PATHS: Cell<[u64; 5]> = Cell::new([0; 5]);
 }
 
-/// Counts one event of kind `i` (0 fast, 1 grant, 2 device, 3 refresh).
+/// Counts one event of kind `i` (0 fast, 1 grant, 2 device, 3 refresh,
+/// 4 peak raise).
 #[inline(always)]
 pub(crate) fn count_path(i: usize) {
     PATHS.with(|c| {
@@ -953,6 +954,26 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
         }
         self.set_slack();
         self.grant()
+    }
+
+    /// Makes budget `b` unbounded for the current generation (every shard
+    /// held, for one operation that may raise peaks; see
+    /// [`Self::raise_peaks`]).
+    pub(crate) fn unbounded_budget(&self, b: &Budget) {
+        b.alloc.set(self.alloc_id);
+        b.generation.set(self.generation);
+        for r in &b.room {
+            r.set(i64::MAX / 4);
+        }
+    }
+
+    /// Raises every fast stat's peak to its current value (every shard
+    /// held and folded in: the currents are exact).
+    pub(crate) fn raise_peaks(&mut self) {
+        for i in 0..FAST_STATS {
+            let s = self.stats.fast_stat_mut(i);
+            s.peak = s.peak.max(s.current);
+        }
     }
 
     /// Gives the calling thread a grant: half of what is left of each
