@@ -5,6 +5,8 @@
 //! release. The virtual-memory calls themselves are in `segments.rs`.
 #![forbid(unsafe_code)]
 
+use std::ops::Range;
+
 use crate::backend::Backend;
 use crate::config::Placement;
 use crate::engine::block::{BState, Block, BlockId, NIL};
@@ -33,6 +35,17 @@ pub(crate) struct Recycling {
     extra: u64,
     /// Bytes recycled since the allowance last changed.
     moved: u64,
+}
+
+/// A chain of free and unmapped blocks of one stream, contiguous in its
+/// segment, that holds a request ([`Inner::chain_at`]).
+struct Chain {
+    /// The first block.
+    start: BlockId,
+    /// The last block.
+    last: BlockId,
+    /// The bytes of the request that fall on unmapped blocks.
+    unmapped: u64,
 }
 
 /// The first allowance: 1/`FIRST_SLACK` of the allocated peak.
@@ -84,9 +97,10 @@ impl<B: Backend> Inner<B> {
     /// (smallest free blocks first: they serve the fewest requests) until
     /// the excess is covered. Each stream whose pages are unmapped is
     /// synchronized once, and pages of streams whose work has completed go
-    /// first (no wait). Pages of private pools (graphs) and the blocks
-    /// of `chain` (the request's chain, [`Self::recycling_chain`]) and their
-    /// neighbours are never taken, so the chain stays as it was.
+    /// first (no wait). Pages of private pools (graphs) and the blocks at
+    /// `keep` (the request's chain and its neighbours,
+    /// [`Self::recycling_chain`]) are never taken, so the chain stays as it
+    /// was.
     ///
     /// The cap is the larger of the reserved peak (recycling never lets
     /// reserved memory pass its old peak if free pages can make room) and
@@ -95,7 +109,7 @@ impl<B: Backend> Inner<B> {
     /// repeating workload settles on a mapping it keeps (no device calls
     /// once its first passes are done) instead of moving the same pages
     /// every pass.
-    pub(super) fn recycle_pages(&mut self, backend: &B, need: u64, chain: &[BlockId]) {
+    pub(super) fn recycle_pages(&mut self, backend: &B, need: u64, keep: Range<u64>) {
         let r = self.stats.reserved_bytes.all();
         let (current, peak) = (r.current.max(0) as u64, r.peak.max(0) as u64);
         let live = self.stats.allocated_bytes.all().peak.max(0) as u64;
@@ -105,15 +119,10 @@ impl<B: Backend> Inner<B> {
             return;
         }
         let mut want = current + need - cap;
-        let keep = |id: BlockId, me: &Self| {
-            chain
-                .iter()
-                .any(|&c| c == id || me.blocks[c].prev == id || me.blocks[c].next == id)
-        };
         let mut cands: Vec<(u64, u64, BlockId)> = Vec::new();
         for small in [true, false] {
             for e in self.pools.pool(DEFAULT_POOL, small).free.iter() {
-                if self.unmappable(e.id) && !keep(e.id, self) {
+                if self.unmappable(e.id) && !keep.contains(&e.addr) {
                     let pages = self.unmappable_bytes(e.id);
                     if pages > 0 {
                         cands.push((pages, e.addr, e.id));
@@ -132,7 +141,7 @@ impl<B: Backend> Inner<B> {
                     return;
                 }
                 // an earlier unmap may have reused the id
-                if !self.unmappable(id) || keep(id, self) {
+                if !self.unmappable(id) || keep.contains(&self.blocks[id].addr) {
                     continue;
                 }
                 let stream = self.segments.expandable_at(self.blocks[id].addr).1.stream;
@@ -166,43 +175,70 @@ impl<B: Backend> Inner<B> {
         }
     }
 
+    /// The chain of free and unmapped blocks of `p.stream` at unmapped
+    /// block `c` (starting at the free block just before it, if any) that
+    /// holds `p.size` bytes, as PyTorch's `find_expandable_block` walks it;
+    /// `None` when it is too short.
+    fn chain_at(&self, c: BlockId, p: &Params<B::Stream>) -> Option<Chain> {
+        let prev = self.blocks[c].prev;
+        let start = if self.allocatable(prev, p.stream) {
+            prev
+        } else {
+            c
+        };
+        let (mut bytes, mut unmapped, mut b, mut last) = (0u64, 0u64, start, start);
+        while bytes < p.size && self.allocatable(b, p.stream) {
+            let blk = &self.blocks[b];
+            if blk.state == BState::Unmapped {
+                unmapped += blk.size.min(p.size - bytes);
+            }
+            bytes += blk.size;
+            last = b;
+            b = blk.next;
+        }
+        (bytes >= p.size).then_some(Chain {
+            start,
+            last,
+            unmapped,
+        })
+    }
+
     /// The chain request `p` maps into when pages recycle: of the stream's
-    /// chains of free and unmapped blocks ([`Self::find_expandable_block`]),
-    /// the one with the fewest bytes left to map (the lowest address among
-    /// equals). Returns its first block, the bytes to map and its blocks;
-    /// `None`: no chain fits (a new segment serves it).
+    /// chains ([`Self::chain_at`]), the one with the fewest bytes left to
+    /// map (the lowest address among equals). Returns its first block, the
+    /// bytes to map, and the addresses [`Self::recycle_pages`] must leave
+    /// alone: the chain's blocks and the neighbours on either side (an
+    /// unmap merging into one of them would change the chain). `None`: no
+    /// chain fits (a new segment serves it).
     pub(super) fn recycling_chain(
         &self,
         p: &Params<B::Stream>,
-    ) -> Option<(BlockId, u64, Vec<BlockId>)> {
+    ) -> Option<(BlockId, u64, Range<u64>)> {
         let pool = self.pools.pool(p.pool, p.small);
-        let mut best: Option<(BlockId, u64, Vec<BlockId>)> = None;
+        let mut best: Option<Chain> = None;
         for (_, &c) in pool.unmapped.range((p.stream, 0)..=(p.stream, u64::MAX)) {
-            let prev = self.blocks[c].prev;
-            let start = if self.allocatable(prev, p.stream) {
-                prev
-            } else {
-                c
+            let Some(chain) = self.chain_at(c, p) else {
+                continue;
             };
-            let (mut bytes, mut unmapped, mut b) = (0u64, 0u64, start);
-            let mut blocks = Vec::new();
-            while bytes < p.size && self.allocatable(b, p.stream) {
-                let blk = &self.blocks[b];
-                if blk.state == BState::Unmapped {
-                    unmapped += blk.size.min(p.size - bytes);
-                }
-                blocks.push(b);
-                bytes += blk.size;
-                b = blk.next;
-            }
-            if bytes >= p.size && best.as_ref().is_none_or(|x| unmapped < x.1) {
-                best = Some((start, unmapped, blocks));
-                if unmapped == 0 {
+            if best.as_ref().is_none_or(|b| chain.unmapped < b.unmapped) {
+                let done = chain.unmapped == 0;
+                best = Some(chain);
+                if done {
                     break;
                 }
             }
         }
-        best
+        let chain = best?;
+        let (first, last) = (&self.blocks[chain.start], &self.blocks[chain.last]);
+        let lo = match first.prev {
+            NIL => first.addr,
+            prev => self.blocks[prev].addr,
+        };
+        let hi = match last.next {
+            NIL => last.addr + last.size,
+            next => self.blocks[next].addr + self.blocks[next].size,
+        };
+        Some((chain.start, chain.unmapped, lo..hi))
     }
 
     /// Whether block `id` is a free block of an expandable segment with no
@@ -274,19 +310,8 @@ impl<B: Backend> Inner<B> {
     ) -> Result<Option<BlockId>, Error> {
         let pool = self.pools.pool(p.pool, p.small);
         for (_, &c) in pool.unmapped.range((p.stream, 0)..=(p.stream, u64::MAX)) {
-            let prev = self.blocks[c].prev;
-            let start = if self.allocatable(prev, p.stream) {
-                prev
-            } else {
-                c
-            };
-            let (mut bytes, mut b) = (0u64, start);
-            while bytes < p.size && self.allocatable(b, p.stream) {
-                bytes += self.blocks[b].size;
-                b = self.blocks[b].next;
-            }
-            if bytes >= p.size {
-                return Ok(Some(start));
+            if let Some(chain) = self.chain_at(c, p) {
+                return Ok(Some(chain.start));
             }
         }
         let page = self.expandable_page(p.small);

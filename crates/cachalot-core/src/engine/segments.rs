@@ -291,14 +291,14 @@ impl<B: Backend> Inner<B> {
         // memory-fraction check: recycled pages make room)
         let mut chain = None;
         if expandable && self.recycles_pages() && !self.capture.is_active() {
-            let (need, blocks) = match self.recycling_chain(p) {
-                Some((start, need, blocks)) => {
+            let (need, keep) = match self.recycling_chain(p) {
+                Some((start, need, keep)) => {
                     chain = Some(start);
-                    (need, blocks)
+                    (need, keep)
                 }
-                None => (p.size, Vec::new()),
+                None => (p.size, 0..0),
             };
-            self.recycle_pages(backend, need, &blocks);
+            self.recycle_pages(backend, need, keep);
         }
         if let Some(max) = self.limits.allowed_max
             && self.stats.reserved_bytes.all().current as u64 + size > max
