@@ -71,6 +71,13 @@ impl Dev {
         self.a.free(p).expect("free");
         self.check();
     }
+    /// Drops the allocator (its segments go back to the device), then
+    /// checks that no virtual-memory handle or address range leaked.
+    pub fn drop_without_vmm_leaks(self) {
+        let m = self.m.clone();
+        drop(self);
+        m.assert_no_vmm_leaks();
+    }
     /// Runs the invariant checker.
     pub fn check(&self) {
         if let Err(e) = self.a.check_invariants() {

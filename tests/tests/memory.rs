@@ -52,9 +52,7 @@ fn free_pages_of_one_stream_serve_another() {
             assert_eq!(unmapped, 0, "{config}");
         }
         d.free(b);
-        let m = d.m.clone();
-        drop(d);
-        m.assert_no_vmm_leaks();
+        d.drop_without_vmm_leaks();
     }
 }
 
@@ -76,9 +74,7 @@ fn recycling_waits_for_the_freeing_streams_work() {
     d.m.complete_all();
     assert_eq!(d.m.tag_at(b), Some(2));
     d.free(b);
-    let m = d.m.clone();
-    drop(d);
-    m.assert_no_vmm_leaks();
+    d.drop_without_vmm_leaks();
 }
 
 /// Pages of a stream whose work has completed are taken first, with no
@@ -112,9 +108,7 @@ fn recycling_takes_idle_streams_pages_first() {
     assert_eq!(d.m.tag_at(a), Some(1), "s0's block kept its pages and data");
     assert_eq!(d.m.tag_at(b), Some(2));
     d.free(b);
-    let m = d.m.clone();
-    drop(d);
-    m.assert_no_vmm_leaks();
+    d.drop_without_vmm_leaks();
 }
 
 /// A block freed while another stream still uses it (`record_stream`) is
@@ -136,9 +130,7 @@ fn pages_with_pending_stream_uses_are_not_recycled() {
         "a's data intact until its use ended"
     );
     d.free(b);
-    let m = d.m.clone();
-    drop(d);
-    m.assert_no_vmm_leaks();
+    d.drop_without_vmm_leaks();
 }
 
 /// Below the peak, nothing is recycled: growth up to the earlier peak maps

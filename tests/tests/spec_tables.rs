@@ -755,9 +755,7 @@ fn expandable_segments_worked_example() {
     assert_eq!(reserved(), 0);
     assert_eq!(s().segment.all().current, 0);
     assert_eq!(s().num_device_free, 2);
-    let m = d.m.clone();
-    drop(d);
-    m.assert_no_vmm_leaks();
+    d.drop_without_vmm_leaks();
 }
 
 /// Pages freed in the middle of an expandable segment are unmapped inward
@@ -786,9 +784,7 @@ fn expandable_segments_unmap_inward_and_drop() {
     assert_eq!(reserved(), 100 * MIB as i64);
     d.m.use_memory(d.s0(), a2, 40 * MIB, 3).unwrap();
     assert_eq!(d.m.tag_at(a2 + 40 * MIB - 1), Some(3));
-    let m = d.m.clone();
-    drop(d);
-    m.assert_no_vmm_leaks();
+    d.drop_without_vmm_leaks();
 }
 
 /// `expandable_segments:True` needs a backend with virtual memory: a typed
