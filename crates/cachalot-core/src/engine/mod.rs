@@ -198,18 +198,10 @@ impl<B: Backend> Drop for DeviceGuard<'_, B> {
         // the device lock is held, and a fast path holding a shard lock
         // waits for nothing)
         let occupied = self.inner.occupied();
-        let all = self.all;
         let shards = self
             .shards
             .get_or_insert_with(|| std::array::from_fn(|_| None));
-        let mut bits = occupied;
-        while bits != 0 {
-            let k = bits.trailing_zeros() as usize;
-            bits &= bits - 1;
-            if shards[k].is_none() {
-                shards[k] = Some(spin_lock(&all[k].0));
-            }
-        }
+        take_shards(self.all, occupied, shards);
         self.inner.check_out(&mut shards[..]);
         self.inner.occupied = occupied;
         self.fast.store(occupied != 0, Ordering::Relaxed);
@@ -255,6 +247,20 @@ fn lock_contended<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     sync::lock(m)
 }
 
+/// Takes the lock of every shard in `bits` that `held` does not hold yet,
+/// in index order (the device lock is held: see [`CachingAllocator::lock`]).
+#[inline]
+fn take_shards<'a, S>(all: &'a [ShardLock<S>], bits: u32, held: &mut ShardGuards<'a, S>) {
+    let mut bits = bits;
+    while bits != 0 {
+        let k = bits.trailing_zeros() as usize;
+        bits &= bits - 1;
+        if held[k].is_none() {
+            held[k] = Some(spin_lock(&all[k].0));
+        }
+    }
+}
+
 impl<B: Backend> CachingAllocator<B> {
     /// The device path: the device lock, then every shard lock in index
     /// order (the fixed lock order; the fast path holds one shard lock and
@@ -266,12 +272,7 @@ impl<B: Backend> CachingAllocator<B> {
         // valid: no shard to take, nothing to check in)
         let shards = inner.fast_on.then(|| {
             let mut shards: ShardGuards<'_, B::Stream> = std::array::from_fn(|_| None);
-            let mut bits = inner.occupied;
-            while bits != 0 {
-                let k = bits.trailing_zeros() as usize;
-                bits &= bits - 1;
-                shards[k] = Some(spin_lock(&self.shards[k].0));
-            }
+            take_shards(&self.shards, inner.occupied, &mut shards);
             inner.check_in(&mut shards[..]);
             shards
         });
@@ -449,16 +450,8 @@ impl<B: Backend> CachingAllocator<B> {
         }
         shard::count_path(4);
         let mut held: ShardGuards<'_, B::Stream> = std::array::from_fn(|_| None);
-        let mut bits = occupied;
-        while bits != 0 {
-            let j = bits.trailing_zeros() as usize;
-            bits &= bits - 1;
-            held[j] = Some(spin_lock(&self.shards[j].0));
-        }
-        inner.refresh_begin();
-        for sh in held.iter_mut().flatten() {
-            inner.refresh_shard(sh);
-        }
+        take_shards(&self.shards, occupied, &mut held);
+        inner.refresh_held(&mut held);
         let sh = held[k].as_mut().expect("shard k is occupied");
         let r = shard::BUDGET.with(|b| {
             inner.unbounded_budget(b);
@@ -467,10 +460,7 @@ impl<B: Backend> CachingAllocator<B> {
         inner.refresh_shard(sh);
         inner.raise_peaks();
         // a new generation: the unbounded budget is void on every shard
-        inner.refresh_begin();
-        for sh in held.iter_mut().flatten() {
-            inner.refresh_shard(sh);
-        }
+        inner.refresh_held(&mut held);
         let _ = inner.refresh_end();
         drop(held);
         match r {

@@ -441,19 +441,9 @@ impl<S: Copy + Ord> Shard<S> {
         };
         let valid = budget.valid(self.view.alloc, self.view.generation);
         let fits = if valid {
-            let mut probe = Probe::<true> {
-                b: budget,
-                ok: true,
-            };
-            tr.apply(&mut probe);
-            probe.ok
+            tr.fits::<true>(budget)
         } else {
-            let mut probe = Probe::<false> {
-                b: budget,
-                ok: true,
-            };
-            tr.apply(&mut probe);
-            probe.ok
+            tr.fits::<false>(budget)
         };
         if !fits {
             return Err(Miss::Budget);
@@ -557,6 +547,14 @@ struct FreeTransitions {
 }
 
 impl FreeTransitions {
+    /// Whether every increase fits in budget `b` (a dry run).
+    #[inline(always)]
+    fn fits<const VALID: bool>(&self, b: &Budget) -> bool {
+        let mut probe = Probe::<VALID> { b, ok: true };
+        self.apply(&mut probe);
+        probe.ok
+    }
+
     #[inline(always)]
     fn apply(&self, s: &mut impl StatSink) {
         s.on_free_requested(self.st, self.size, self.oversize);
@@ -939,6 +937,19 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
     pub(crate) fn refresh_shard(&mut self, sh: &mut Shard<B::Stream>) {
         sh.stats.fold_into(&mut self.stats);
         sh.view.generation = self.generation;
+    }
+
+    /// A new generation with every shard in `held` folded in and marked
+    /// (the caller holds every occupied shard: the stats are exact after
+    /// it, and no budget of an older generation can be spent).
+    pub(crate) fn refresh_held<G>(&mut self, held: &mut [Option<G>])
+    where
+        G: std::ops::DerefMut<Target = Shard<B::Stream>>,
+    {
+        let _ = self.refresh_begin();
+        for sh in held.iter_mut().flatten() {
+            self.refresh_shard(sh);
+        }
     }
 
     /// Ends a refresh (every shard of [`Self::refresh_begin`] marked): the
