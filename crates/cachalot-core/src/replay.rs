@@ -1190,15 +1190,13 @@ impl ThreadsReport {
     /// One JSON object with the fields of `cca_threads.cpp`.
     pub fn to_json(&self) -> String {
         format!(
-            "{{\"threads\":{},\"ops\":{},\"mops_per_s\":{:.3},\"fast\":{},\"grants\":{},\"refreshes\":{},\"peak_raises\":{},\"device\":{},\"device_allocs\":{}}}",
+            "{{\"threads\":{},\"ops\":{},\"mops_per_s\":{:.3},\"fast\":{},\"device\":{},\"flushes\":{},\"device_allocs\":{}}}",
             self.threads,
             self.ops,
             self.mops_per_s,
             self.paths.fast,
-            self.paths.grants,
-            self.paths.refreshes,
-            self.paths.peak_raises,
             self.paths.device,
+            self.paths.flushes,
             self.device_allocs
         )
     }

@@ -3,7 +3,7 @@
 //! is written once (the invariant checker recomputes them from the blocks).
 #![forbid(unsafe_code)]
 
-use crate::stats::{DeviceStats, Stat, StatType};
+use crate::stats::{DeviceStats, StatType};
 
 impl DeviceStats {
     /// A segment of `size` bytes came from the device.
@@ -69,51 +69,9 @@ pub(crate) enum Arr {
     InactiveSplitBytes = 6,
 }
 
-/// Number of stats [`StatSink`] names: seven arrays of three, and
-/// `oversize_allocations`.
-pub(crate) const FAST_STATS: usize = 22;
-/// The index of `oversize_allocations` among the [`FAST_STATS`].
-pub(crate) const OVERSIZE: usize = 21;
-
-/// The index of `(arr, st)` among the [`FAST_STATS`].
-#[inline(always)]
-pub(crate) fn idx(arr: Arr, st: StatType) -> usize {
-    arr as usize * 3 + st as usize
-}
-
-impl DeviceStats {
-    /// The seven arrays of the [`FAST_STATS`], in [`Arr`] order.
-    pub(crate) fn fast_arrays(&mut self) -> [&mut crate::stats::StatArray; 7] {
-        [
-            &mut self.allocation,
-            &mut self.active,
-            &mut self.allocated_bytes,
-            &mut self.active_bytes,
-            &mut self.requested_bytes,
-            &mut self.inactive_split,
-            &mut self.inactive_split_bytes,
-        ]
-    }
-
-    /// The stat at index `i` of the [`FAST_STATS`].
-    pub(crate) fn fast_stat_mut(&mut self, i: usize) -> &mut Stat {
-        let arr = match i / 3 {
-            0 => &mut self.allocation,
-            1 => &mut self.active,
-            2 => &mut self.allocated_bytes,
-            3 => &mut self.active_bytes,
-            4 => &mut self.requested_bytes,
-            5 => &mut self.inactive_split,
-            6 => &mut self.inactive_split_bytes,
-            _ => return &mut self.oversize_allocations,
-        };
-        &mut arr.0[i % 3]
-    }
-}
-
 /// Where the transitions of a hit and a free are written: the device's
-/// [`DeviceStats`], a shard's counters (`shard.rs`), or a shard's budget
-/// probe. Each transition is written once, here, for all three.
+/// [`DeviceStats`], by the engine and by the replay of the shards' stat
+/// logs (`stat_log.rs`). Each transition is written once, here.
 pub(crate) trait StatSink {
     /// Adds `n ≥ 0` to "all" and to `st` of `arr`.
     fn inc(&mut self, arr: Arr, st: StatType, n: i64);
@@ -198,6 +156,37 @@ pub(crate) trait StatSink {
 }
 
 impl DeviceStats {
+    /// Copies the stats a hit and a free change (the [`Arr`] arrays and
+    /// `oversize_allocations`) from `from`.
+    pub(crate) fn copy_fast_from(&mut self, from: &DeviceStats) {
+        for arr in [
+            Arr::Allocation,
+            Arr::Active,
+            Arr::AllocatedBytes,
+            Arr::ActiveBytes,
+            Arr::RequestedBytes,
+            Arr::InactiveSplit,
+            Arr::InactiveSplitBytes,
+        ] {
+            *self.array_mut(arr) = *from.array(arr);
+        }
+        self.oversize_allocations = from.oversize_allocations;
+    }
+
+    /// The stat array `arr` names.
+    #[inline(always)]
+    fn array(&self, arr: Arr) -> &crate::stats::StatArray {
+        match arr {
+            Arr::Allocation => &self.allocation,
+            Arr::Active => &self.active,
+            Arr::AllocatedBytes => &self.allocated_bytes,
+            Arr::ActiveBytes => &self.active_bytes,
+            Arr::RequestedBytes => &self.requested_bytes,
+            Arr::InactiveSplit => &self.inactive_split,
+            Arr::InactiveSplitBytes => &self.inactive_split_bytes,
+        }
+    }
+
     /// The stat array `arr` names.
     #[inline(always)]
     fn array_mut(&mut self, arr: Arr) -> &mut crate::stats::StatArray {

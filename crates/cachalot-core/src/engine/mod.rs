@@ -27,6 +27,7 @@ pub mod rounding;
 mod segments;
 mod shard;
 mod snapshot;
+mod stat_log;
 mod state;
 mod sync;
 
@@ -71,36 +72,28 @@ pub fn graph_pool_handle() -> PoolId {
 static NEXT_ALLOCATOR: AtomicU64 = AtomicU64::new(1);
 
 /// How the calling thread's allocations and frees were served since it
-/// started: on its stream's shard alone, after a new stats grant (the device
-/// lock alone, briefly), or on the device path (the device lock and every
-/// shard lock). Thread-local and always on; [`crate::replay::threads_bench`]
-/// reports the shares.
+/// started: on its stream's shard alone, or on the device path (the device
+/// lock and every shard lock), and how often a full stat log was taken out
+/// (the device lock, and each shard lock in turn, briefly). Thread-local and
+/// always on; [`crate::replay::threads_bench`] reports the shares.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PathCounts {
     /// Served on the shard alone.
     pub fast: u64,
-    /// Grants taken (the device lock alone).
-    pub grants: u64,
-    /// Refreshes of the grants (a new generation: the device lock, and
-    /// each shard lock in turn, briefly, to fold its stat changes).
-    pub refreshes: u64,
     /// Served on the device path.
     pub device: u64,
-    /// Increases that raised a peak on the shard, with every shard held
-    /// (no part moved).
-    pub peak_raises: u64,
+    /// Full stat logs taken out by this thread.
+    pub flushes: u64,
 }
 
 impl PathCounts {
     /// The calling thread's counts.
     pub fn this_thread() -> Self {
-        let [fast, grants, device, refreshes, peak_raises] = shard::PATHS.with(|c| c.get());
+        let [fast, device, flushes] = shard::PATHS.with(|c| c.get());
         Self {
             fast,
-            grants,
-            refreshes,
             device,
-            peak_raises,
+            flushes,
         }
     }
 
@@ -108,10 +101,8 @@ impl PathCounts {
     pub fn since(&self, earlier: &Self) -> Self {
         Self {
             fast: self.fast.saturating_sub(earlier.fast),
-            grants: self.grants.saturating_sub(earlier.grants),
-            refreshes: self.refreshes.saturating_sub(earlier.refreshes),
             device: self.device.saturating_sub(earlier.device),
-            peak_raises: self.peak_raises.saturating_sub(earlier.peak_raises),
+            flushes: self.flushes.saturating_sub(earlier.flushes),
         }
     }
 
@@ -119,10 +110,8 @@ impl PathCounts {
     pub fn plus(&self, other: &Self) -> Self {
         Self {
             fast: self.fast + other.fast,
-            grants: self.grants + other.grants,
-            refreshes: self.refreshes + other.refreshes,
             device: self.device + other.device,
-            peak_raises: self.peak_raises + other.peak_raises,
+            flushes: self.flushes + other.flushes,
         }
     }
 }
@@ -268,8 +257,8 @@ impl<B: Backend> CachingAllocator<B> {
     #[inline]
     fn lock(&self) -> DeviceGuard<'_, B> {
         let mut inner = spin_lock(&self.inner);
-        // (while the fast path is off no part is out and no budget is
-        // valid: no shard to take, nothing to check in)
+        // (while the fast path is off no part is out and no log holds
+        // anything: no shard to take, nothing to check in)
         let shards = inner.fast_on.then(|| {
             let mut shards: ShardGuards<'_, B::Stream> = std::array::from_fn(|_| None);
             take_shards(&self.shards, inner.occupied, &mut shards);
@@ -304,7 +293,7 @@ impl<B: Backend> CachingAllocator<B> {
         }
         let total = backend.memory_info()?.total;
         let id = NEXT_ALLOCATOR.fetch_add(1, Ordering::Relaxed);
-        let mut inner = Inner::new(config, total, id);
+        let mut inner = Inner::new(config, total);
         let mut shards: Vec<Shard<B::Stream>> =
             (0..SHARDS).map(|k| Shard::new(k, &inner.config)).collect();
         let mut refs: Vec<Option<&mut Shard<B::Stream>>> = shards.iter_mut().map(Some).collect();
@@ -343,21 +332,17 @@ impl<B: Backend> CachingAllocator<B> {
         if self.fast.load(Ordering::Relaxed)
             && let Some(k) = shard::hint_get(key)
         {
-            let r = shard::BUDGET.with(|b| self.lock_shard(k).try_alloc(size, stream, b));
-            match r {
-                Ok(addr) => {
-                    shard::count_path(0);
-                    return Ok(addr);
-                }
-                Err(shard::Miss::Budget) => {
-                    if let Some(addr) = self.alloc_after_grant(k, size, stream) {
-                        return Ok(addr);
-                    }
-                }
-                Err(shard::Miss::Device | shard::Miss::Absent) => {}
+            let mut r = self.lock_shard(k).try_alloc(size, stream);
+            if r == Err(shard::Miss::Full) {
+                self.flush_logs();
+                r = self.lock_shard(k).try_alloc(size, stream);
+            }
+            if let Ok(addr) = r {
+                shard::count_path(shard::FAST);
+                return Ok(addr);
             }
         }
-        shard::count_path(2);
+        shard::count_path(shard::DEVICE);
         let outcome = {
             let mut g = self.lock();
             let k = g.shard_of(stream);
@@ -393,15 +378,10 @@ impl<B: Backend> CachingAllocator<B> {
             return self.free_on_device(addr);
         }
         if let Some(k) = shard::hint_shard(0) {
-            let r = shard::BUDGET.with(|b| self.lock_shard(k).try_free(addr, b));
-            match r {
-                Ok(()) => {
-                    shard::count_path(0);
-                    return Ok(());
-                }
-                Err(shard::Miss::Budget) => return self.free_after_grant(k, addr),
+            match self.try_free_on(k, addr) {
+                Ok(()) => return Ok(()),
                 Err(shard::Miss::Device) => return self.free_on_device(addr),
-                Err(shard::Miss::Absent) => {}
+                Err(_) => {}
             }
         } else {
             return self.free_on_device(addr);
@@ -409,109 +389,63 @@ impl<B: Backend> CachingAllocator<B> {
         self.free_other_shards(addr)
     }
 
-    /// [`Self::allocate`] when the thread's budget ran out: a grant (the
-    /// device lock alone), then once more on shard `k`; else a refresh of
-    /// the grants (the slack other threads' budgets held comes back), then
-    /// once more. `None`: the device must serve it (a peak must rise).
-    #[cold]
-    fn alloc_after_grant(&self, k: usize, size: u64, stream: B::Stream) -> Option<u64> {
-        shard::count_path(1);
-        let try_here = || shard::BUDGET.with(|b| self.lock_shard(k).try_alloc(size, stream, b));
-        if spin_lock(&self.inner).grant()
-            && let Ok(addr) = try_here()
-        {
-            shard::count_path(0);
-            return Some(addr);
+    /// A free on shard `k` alone; a full log is taken out once and the
+    /// free tried again.
+    #[inline]
+    fn try_free_on(&self, k: usize, addr: u64) -> Result<(), shard::Miss> {
+        let mut r = self.lock_shard(k).try_free(addr);
+        if r == Err(shard::Miss::Full) {
+            self.flush_logs();
+            r = self.lock_shard(k).try_free(addr);
         }
-        if self.refresh_grants()
-            && let Ok(addr) = try_here()
-        {
-            shard::count_path(0);
-            return Some(addr);
+        if r.is_ok() {
+            shard::count_path(shard::FAST);
         }
-        self.alloc_raising_peaks(k, size, stream)
+        r
     }
 
-    /// [`Self::allocate`] when even the whole slack does not cover it (a
-    /// peak must rise), still on shard `k` but with every shard held: the
-    /// device lock and every occupied shard's lock (in index order), every
-    /// stat folded in (exact: nothing else can change one), the hit made
-    /// with an unbounded budget, the peaks raised to the currents after it
-    /// (each stat changes at most once in one operation, so that is its
-    /// peak during it), and a new generation of grants. No part is checked
-    /// in or out. `None`: shard `k` cannot serve it after all (the device
-    /// must).
+    /// Takes the shards' stat logs out without stopping them together
+    /// (a log is full): the device lock, then each occupied shard's lock in
+    /// turn (index order) to swap its log for an empty one; then the
+    /// entries stamped before the first swap are replayed (the shards
+    /// swapped first may still log later ones; the rest wait for the next
+    /// replay, see `stat_log.rs`).
     #[cold]
-    fn alloc_raising_peaks(&self, k: usize, size: u64, stream: B::Stream) -> Option<u64> {
+    fn flush_logs(&self) {
+        shard::count_path(shard::FLUSH);
         let mut inner = spin_lock(&self.inner);
-        let occupied = inner.occupied;
-        if !inner.fast_on || occupied & (1 << k) == 0 {
-            return None;
+        if !inner.fast_on {
+            return;
         }
-        shard::count_path(4);
-        let mut held: ShardGuards<'_, B::Stream> = std::array::from_fn(|_| None);
-        take_shards(&self.shards, occupied, &mut held);
-        inner.refresh_held(&mut held);
-        let sh = held[k].as_mut().expect("shard k is occupied");
-        let r = shard::BUDGET.with(|b| {
-            inner.unbounded_budget(b);
-            sh.try_alloc(size, stream, b)
-        });
-        inner.refresh_shard(sh);
-        inner.raise_peaks();
-        // a new generation: the unbounded budget is void on every shard
-        inner.refresh_held(&mut held);
-        let _ = inner.refresh_end();
-        drop(held);
-        match r {
-            Ok(addr) => {
-                shard::count_path(0);
-                Some(addr)
+        let mut bits = inner.occupied;
+        let mut until = None;
+        while bits != 0 {
+            let k = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            let mut sh = spin_lock(&self.shards[k].0);
+            if until.is_none() {
+                // every later entry of every shard is stamped after this
+                until = Some(if sh.view.solo {
+                    u64::MAX
+                } else {
+                    stat_log::now()
+                });
             }
-            Err(_) => None,
+            inner.logs.swap(&mut sh.log);
+            drop(sh);
+            inner.logs.keep_swapped(k);
         }
-    }
-
-    /// A new generation of grants from exact stats, without stopping the
-    /// shards together: the device lock, then each occupied shard's lock in
-    /// turn (index order), to fold its stat changes and void the old
-    /// budgets on it; then the slack and a grant for this thread. False when
-    /// nothing could be granted.
-    #[cold]
-    fn refresh_grants(&self) -> bool {
-        shard::count_path(3);
-        let mut inner = spin_lock(&self.inner);
-        let occupied = inner.refresh_begin();
-        for (k, sh) in self.shards.iter().enumerate() {
-            if occupied & (1 << k) != 0 {
-                inner.refresh_shard(&mut spin_lock(&sh.0));
-            }
-        }
-        inner.refresh_end()
+        let inner = &mut *inner;
+        inner
+            .logs
+            .replay(&mut inner.stats, until.unwrap_or(u64::MAX));
     }
 
     /// [`Self::free`] on the device path.
     #[cold]
     fn free_on_device(&self, addr: u64) -> Result<(), Error> {
-        shard::count_path(2);
+        shard::count_path(shard::DEVICE);
         self.lock().free(&self.backend, addr)
-    }
-
-    /// [`Self::free`] when the thread's budget ran out: a grant, then once
-    /// more on shard `k`, else on the device.
-    #[cold]
-    fn free_after_grant(&self, k: usize, addr: u64) -> Result<(), Error> {
-        shard::count_path(1);
-        let try_here = || shard::BUDGET.with(|b| self.lock_shard(k).try_free(addr, b));
-        if spin_lock(&self.inner).grant_for_free() && try_here().is_ok() {
-            shard::count_path(0);
-            return Ok(());
-        }
-        if self.refresh_grants() && try_here().is_ok() {
-            shard::count_path(0);
-            return Ok(());
-        }
-        self.free_on_device(addr)
     }
 
     /// [`Self::free`] of an address not on the shard this thread used
@@ -526,15 +460,10 @@ impl<B: Backend> CachingAllocator<B> {
                 continue;
             }
             tried[i] = k;
-            let r = shard::BUDGET.with(|b| self.lock_shard(k).try_free(addr, b));
-            match r {
-                Ok(()) => {
-                    shard::count_path(0);
-                    return Ok(());
-                }
-                Err(shard::Miss::Budget) => return self.free_after_grant(k, addr),
+            match self.try_free_on(k, addr) {
+                Ok(()) => return Ok(()),
                 Err(shard::Miss::Device) => break,
-                Err(shard::Miss::Absent) => {}
+                Err(_) => {}
             }
         }
         self.free_on_device(addr)

@@ -15,30 +15,25 @@
 //! see without shards, and a single thread gets exactly the results it
 //! would get without them.
 //!
-//! Peaks stay exact with no shared write on the fast path: at each
-//! check-out the device knows every stat exactly and sets its slack
-//! (`peak - current`) aside as grants; a thread takes grants (a share of
-//! what is left, under the device lock alone) into a thread-local budget.
-//! The grants of one generation (from one check-out to the next) sum to at
-//! most the slack, and a fast operation spends the increases it makes from
-//! its thread's budget, so no stat can exceed its peak whatever the other
-//! threads do; an operation that would exceed the budget takes a new grant
-//! or goes to the device, where the stats are exact. The budget is the
-//! thread's, not the shard's: a thread that frees on one stream and
-//! allocates on another spends what it freed.
+//! Stats stay exact, peaks included, with no shared write on the fast
+//! path: a fast operation appends its stat transitions, time-stamped, to
+//! its shard's log, and the device replays the logs in time order
+//! (`stat_log.rs`).
 #![forbid(unsafe_code)]
 
 use std::cell::Cell;
 use std::hash::{Hash, Hasher};
 
 use crate::config::{AllocatorConfig, Placement};
-use crate::engine::accounting::{Arr, FAST_STATS, OVERSIZE, StatSink, idx};
 use crate::engine::addr_table::AddrTable;
 use crate::engine::block::{BState, BlockId, NIL, Slab, part_of};
 use crate::engine::free_set::{Back, FreeSet};
 use crate::engine::placement::FitRule;
 use crate::engine::pools::DEFAULT_POOL;
 use crate::engine::rounding::{MIN_BLOCK_SIZE, SMALL_SIZE, round_size};
+use crate::engine::stat_log::{
+    AllocTransitions, Entry, FreeTransitions, LOG_CAP, Rec, now, replay,
+};
 use crate::stats::{DeviceStats, StatType};
 
 /// Number of shards (and of parts of the slab and the live map). Streams
@@ -59,189 +54,10 @@ pub(crate) struct FastView {
     /// The default pools' GC clocks `[large, small]` (constant while the
     /// fast path is allowed: the clock runs only with GC on).
     pub gc_calls: [u64; 2],
-    /// The generation of the grants (`Inner::generation`).
-    pub generation: u64,
-    /// The allocator's key of the grants.
-    pub alloc: u64,
-}
-
-/// A shard's counters of the [`FAST_STATS`]: changes since the last
-/// check-in.
-#[derive(Clone, Debug)]
-pub(crate) struct ShardStats {
-    /// Increases (the stats' `allocated`; the current value changed by
-    /// `inc - dec`), by [`FAST_STATS`] index.
-    pub inc: [i64; SLOTS],
-    /// Decreases (the stats' `freed`).
-    pub dec: [i64; SLOTS],
-    /// Some count is not zero.
-    pub dirty: bool,
-}
-
-impl ShardStats {
-    /// Adds the changes to `stats` and clears them (at check-in; the peaks
-    /// need no change: the budgets kept every current at or below its peak
-    /// once every shard's changes are in, see [`Inner::check_in`]).
-    pub fn fold_into(&mut self, stats: &mut DeviceStats) {
-        if !self.dirty {
-            return;
-        }
-        self.dirty = false;
-        // the fast path counts the pool kinds; "all" is their sum
-        for (a, arr) in stats.fast_arrays().into_iter().enumerate() {
-            let (s, l) = (3 * a + 1, 3 * a + 2);
-            let inc = [self.inc[s] + self.inc[l], self.inc[s], self.inc[l]];
-            let dec = [self.dec[s] + self.dec[l], self.dec[s], self.dec[l]];
-            for k in 0..3 {
-                let st = &mut arr.0[k];
-                st.current += inc[k] - dec[k];
-                st.allocated += inc[k];
-                st.freed += dec[k];
-            }
-        }
-        let st = &mut stats.oversize_allocations;
-        st.current += self.inc[OVERSIZE] - self.dec[OVERSIZE];
-        st.allocated += self.inc[OVERSIZE];
-        st.freed += self.dec[OVERSIZE];
-        self.inc = [0; SLOTS];
-        self.dec = [0; SLOTS];
-    }
-}
-
-impl Default for ShardStats {
-    fn default() -> Self {
-        Self {
-            inc: [0; SLOTS],
-            dec: [0; SLOTS],
-            dirty: false,
-        }
-    }
-}
-
-/// A thread's budget of stat increases, granted by the device for one
-/// allocator and one generation.
-pub(crate) struct Budget {
-    alloc: Cell<u64>,
-    generation: Cell<u64>,
-    /// What is left of the grants of this generation for each stat: the
-    /// sum of the grants less the net change this thread made on the fast
-    /// path since the first of them.
-    room: [Cell<i64>; SLOTS],
-}
-
-/// Array slots of the [`FAST_STATS`] (a power of two: indices are masked,
-/// so the hit path has no bounds checks).
-const SLOTS: usize = 32;
-
-#[cfg(not(feature = "shuttle"))]
-thread_local! {
-    /// This thread's budget (one allocator at a time; a thread that
-    /// alternates between allocators takes a fresh grant at each switch).
-    pub(crate) static BUDGET: Budget = const {
-        Budget {
-            alloc: Cell::new(0),
-            generation: Cell::new(0),
-            room: [const { Cell::new(0) }; SLOTS],
-        }
-    };
-}
-
-#[cfg(feature = "shuttle")]
-shuttle::thread_local! {
-    /// This (model) thread's budget.
-    pub(crate) static BUDGET: Budget = Budget {
-        alloc: Cell::new(0),
-        generation: Cell::new(0),
-        room: [const { Cell::new(0) }; SLOTS],
-    };
-}
-
-impl Budget {
-    /// Whether the budget holds grants of allocator `alloc`'s generation
-    /// `generation`.
-    #[inline(always)]
-    fn valid(&self, alloc: u64, generation: u64) -> bool {
-        self.alloc.get() == alloc && self.generation.get() == generation
-    }
-}
-
-/// A dry run of a fast operation's stat transitions: whether every
-/// increase fits in the thread's budget (each stat changes at most once in
-/// one operation, so each is checked on its own).
-struct Probe<'a, const VALID: bool> {
-    b: &'a Budget,
-    ok: bool,
-}
-
-impl<const VALID: bool> Probe<'_, VALID> {
-    #[inline(always)]
-    fn add(&mut self, i: usize, n: i64) {
-        // branch-free: an increase needs room (and a valid budget); a room
-        // is never negative, so a decrease always fits
-        let room = if VALID {
-            self.b.room[i & (SLOTS - 1)].get()
-        } else {
-            0
-        };
-        debug_assert!(room >= 0);
-        self.ok &= room >= n;
-    }
-}
-
-impl<const VALID: bool> StatSink for Probe<'_, VALID> {
-    #[inline(always)]
-    fn inc(&mut self, arr: Arr, st: StatType, n: i64) {
-        self.add(idx(arr, StatType::Aggregate), n);
-        self.add(idx(arr, st), n);
-    }
-    #[inline(always)]
-    fn dec(&mut self, _arr: Arr, _st: StatType, _n: i64) {}
-    #[inline(always)]
-    fn oversize(&mut self, d: i64) {
-        self.add(OVERSIZE, d);
-    }
-}
-
-/// The commit of a fast operation's transitions: the shard's counters
-/// (of the pool kinds only: "all" is their sum, added up at check-in), and
-/// the thread's budget spent when `VALID`.
-struct Spend<'a, const VALID: bool> {
-    s: &'a mut ShardStats,
-    b: &'a Budget,
-}
-
-impl<const VALID: bool> Spend<'_, VALID> {
-    #[inline(always)]
-    fn room(&self, i: usize, n: i64) {
-        if VALID {
-            let r = &self.b.room[i & (SLOTS - 1)];
-            r.set(r.get() - n);
-        }
-    }
-}
-
-impl<const VALID: bool> StatSink for Spend<'_, VALID> {
-    #[inline(always)]
-    fn inc(&mut self, arr: Arr, st: StatType, n: i64) {
-        self.s.inc[idx(arr, st) & (SLOTS - 1)] += n;
-        self.room(idx(arr, StatType::Aggregate), n);
-        self.room(idx(arr, st), n);
-    }
-    #[inline(always)]
-    fn dec(&mut self, arr: Arr, st: StatType, n: i64) {
-        self.s.dec[idx(arr, st) & (SLOTS - 1)] += n;
-        self.room(idx(arr, StatType::Aggregate), -n);
-        self.room(idx(arr, st), -n);
-    }
-    #[inline(always)]
-    fn oversize(&mut self, d: i64) {
-        if d >= 0 {
-            self.s.inc[OVERSIZE] += d;
-        } else {
-            self.s.dec[OVERSIZE] -= d;
-        }
-        self.room(OVERSIZE, d);
-    }
+    /// This shard is the only one out: no other shard can change a stat,
+    /// so its fast operations write the stats' copy it holds
+    /// ([`Shard::mirror`]) directly, with no log.
+    pub solo: bool,
 }
 
 /// Why a fast operation did not run (nothing was changed).
@@ -251,8 +67,9 @@ pub(crate) enum Miss {
     Device,
     /// A free of an address this shard does not hold (another may).
     Absent,
-    /// It would exceed the thread's budget: a new grant may let it run.
-    Budget,
+    /// The shard's stat log is full: once the device has taken it, the
+    /// operation can run here.
+    Full,
 }
 
 /// One shard: its parts of the engine's structures, and what it may do.
@@ -263,8 +80,15 @@ pub(crate) struct Shard<S> {
     pub live: AddrTable,
     /// The default pools' free sets of this shard's streams `[large, small]`.
     pub free: [FreeSet<S>; 2],
-    /// Stat changes since the last check-in.
-    pub stats: ShardStats,
+    /// The stat transitions of its fast operations since the device last
+    /// took them (capacity [`LOG_CAP`], never grown by the fast path).
+    pub log: Vec<Entry>,
+    /// While the shard is the only one out (`FastView::solo`): the
+    /// device's stats, handed out at check-out and changed here exactly as
+    /// the engine would, taken back at check-in when `mirror_dirty`.
+    pub mirror: DeviceStats,
+    /// The mirror changed since the last check-out.
+    pub mirror_dirty: bool,
     /// What the fast path may do.
     pub view: FastView,
 }
@@ -276,14 +100,15 @@ impl<S: Copy + Ord> Shard<S> {
             slab: Slab::new(part),
             live: AddrTable::default(),
             free: [FreeSet::default(), FreeSet::default()],
-            stats: ShardStats::default(),
+            log: Vec::with_capacity(LOG_CAP),
+            mirror: DeviceStats::default(),
+            mirror_dirty: false,
             view: FastView {
                 ok: false,
                 config: config.clone(),
                 config_gen: u64::MAX,
                 gc_calls: [0; 2],
-                generation: 0,
-                alloc: 0,
+                solo: false,
             },
         }
     }
@@ -294,9 +119,12 @@ impl<S: Copy + Ord> Shard<S> {
     /// history, GC or expandable segment is involved). `None`: nothing was
     /// changed; the device must serve the request.
     #[inline]
-    pub fn try_alloc(&mut self, size: u64, stream: S, budget: &Budget) -> Result<u64, Miss> {
+    pub fn try_alloc(&mut self, size: u64, stream: S) -> Result<u64, Miss> {
         if !self.view.ok {
             return Err(Miss::Device);
+        }
+        if self.log.len() == LOG_CAP {
+            return Err(Miss::Full);
         }
         let cfg = &self.view.config;
         let rounded = round_size(size, cfg);
@@ -319,28 +147,15 @@ impl<S: Copy + Ord> Shard<S> {
         let already_split = b.is_split();
         let final_size = if split { rounded } else { b.size };
         let oversize = final_size >= cfg.max_split_size;
-        // the stat transitions, tried first against the budget
-        // (every hit increases stats: no budget, no hit)
-        if !budget.valid(self.view.alloc, self.view.generation) {
-            return Err(Miss::Budget);
-        }
-        let mut probe = Probe::<true> {
-            b: budget,
-            ok: true,
-        };
-        transitions_alloc(
-            &mut probe,
+        let tr = AllocTransitions {
             st,
             split,
             already_split,
-            b.size,
+            block_size: b.size,
             rounded,
-            size,
+            requested: size,
             oversize,
-        );
-        if !probe.ok {
-            return Err(Miss::Budget);
-        }
+        };
         // ----- commit: nothing below fails -----
         free.take_peeked(&peeked);
         let gc = self.view.gc_calls[small as usize];
@@ -358,20 +173,7 @@ impl<S: Copy + Ord> Shard<S> {
         b.oversize = oversize;
         let addr = b.addr;
         self.live.insert(addr, id);
-        self.stats.dirty = true;
-        transitions_alloc(
-            &mut Spend::<true> {
-                s: &mut self.stats,
-                b: budget,
-            },
-            st,
-            split,
-            already_split,
-            found.size,
-            rounded,
-            size,
-            oversize,
-        );
+        self.log(Rec::Alloc(tr));
         Ok(addr)
     }
 
@@ -380,7 +182,7 @@ impl<S: Copy + Ord> Shard<S> {
     /// merges, filing and stats as the engine's `free` and `free_block`.
     /// `false`: nothing was changed; the device must do it.
     #[inline]
-    pub fn try_free(&mut self, addr: u64, budget: &Budget) -> Result<(), Miss> {
+    pub fn try_free(&mut self, addr: u64) -> Result<(), Miss> {
         if !self.view.ok {
             return Err(Miss::Device);
         }
@@ -397,6 +199,9 @@ impl<S: Copy + Ord> Shard<S> {
             || b.state != BState::Allocated
         {
             return Err(Miss::Device);
+        }
+        if self.log.len() == LOG_CAP {
+            return Err(Miss::Full);
         }
         let (stream, small, size, requested, oversize) =
             (b.stream, b.small, b.size, b.requested, b.oversize);
@@ -439,15 +244,6 @@ impl<S: Copy + Ord> Shard<S> {
             split_count,
             split_bytes,
         };
-        let valid = budget.valid(self.view.alloc, self.view.generation);
-        let fits = if valid {
-            tr.fits::<true>(budget)
-        } else {
-            tr.fits::<false>(budget)
-        };
-        if !fits {
-            return Err(Miss::Budget);
-        }
         // ----- commit: nothing below fails -----
         let removed = self.live.remove(addr);
         debug_assert_eq!(removed, Some(id));
@@ -490,76 +286,22 @@ impl<S: Copy + Ord> Shard<S> {
                 self.slab[i].dormant = true;
             }
         }
-        self.stats.dirty = true;
-        if valid {
-            tr.apply(&mut Spend::<true> {
-                s: &mut self.stats,
-                b: budget,
-            });
-        } else {
-            tr.apply(&mut Spend::<false> {
-                s: &mut self.stats,
-                b: budget,
-            });
-        }
+        self.log(Rec::Free(tr));
         Ok(())
     }
-}
 
-/// The stat transitions of a hit (the engine's `alloc_found_block`).
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn transitions_alloc(
-    s: &mut impl StatSink,
-    st: StatType,
-    split: bool,
-    already_split: bool,
-    block_size: u64,
-    rounded: u64,
-    requested: u64,
-    oversize: bool,
-) {
-    let size = if split {
-        if already_split {
-            s.on_split_split(st, rounded);
-        } else {
-            s.on_split_segment(st, block_size - rounded);
-        }
-        rounded
-    } else {
-        if already_split {
-            s.on_take_split(st, block_size);
-        }
-        block_size
-    };
-    s.on_alloc(st, size, requested, oversize);
-}
-
-/// The stat transitions of a plain free (the engine's `retire` and
-/// `free_block`), planned once and applied to a probe, then to the commit.
-struct FreeTransitions {
-    st: StatType,
-    size: u64,
-    oversize: bool,
-    requested: u64,
-    split_count: i64,
-    split_bytes: i64,
-}
-
-impl FreeTransitions {
-    /// Whether every increase fits in budget `b` (a dry run).
+    /// Records a fast operation's transitions: written to the mirror while
+    /// this shard is the only one out, else appended to the log (room was
+    /// checked before the commit) with a time stamp.
     #[inline(always)]
-    fn fits<const VALID: bool>(&self, b: &Budget) -> bool {
-        let mut probe = Probe::<VALID> { b, ok: true };
-        self.apply(&mut probe);
-        probe.ok
-    }
-
-    #[inline(always)]
-    fn apply(&self, s: &mut impl StatSink) {
-        s.on_free_requested(self.st, self.size, self.oversize);
-        s.on_inactive_split(self.st, self.split_count, self.split_bytes);
-        s.on_inactive(self.st, self.size, self.requested);
+    fn log(&mut self, rec: Rec) {
+        if self.view.solo {
+            rec.apply(&mut self.mirror);
+            self.mirror_dirty = true;
+            return;
+        }
+        debug_assert!(self.log.len() < LOG_CAP);
+        self.log.push(Entry { ts: now(), rec });
     }
 }
 
@@ -610,21 +352,27 @@ pub(crate) fn stream_key<S: Hash>(alloc: u64, s: &S) -> u64 {
     h.finish() | 1
 }
 
+/// [`count_path`]: an operation served on its shard alone.
+pub(crate) const FAST: usize = 0;
+/// [`count_path`]: an operation served on the device path.
+pub(crate) const DEVICE: usize = 1;
+/// [`count_path`]: a full stat log taken out (`flush_logs`).
+pub(crate) const FLUSH: usize = 2;
+
 #[cfg(not(feature = "shuttle"))]
 thread_local! {
     /// How this thread's operations were served (cheap thread-local
     /// counters, always on): see [`crate::engine::PathCounts`].
-    pub(crate) static PATHS: Cell<[u64; 5]> = const { Cell::new([0; 5]) };
+    pub(crate) static PATHS: Cell<[u64; 3]> = const { Cell::new([0; 3]) };
 }
 
 #[cfg(feature = "shuttle")]
 shuttle::thread_local! {
     /// This (model) thread's path counts.
-    pub(crate) static PATHS: Cell<[u64; 5]> = Cell::new([0; 5]);
+    pub(crate) static PATHS: Cell<[u64; 3]> = Cell::new([0; 3]);
 }
 
-/// Counts one event of kind `i` (0 fast, 1 grant, 2 device, 3 refresh,
-/// 4 peak raise).
+/// Counts one event of kind `i` ([`FAST`], [`DEVICE`], [`FLUSH`]).
 #[inline(always)]
 pub(crate) fn count_path(i: usize) {
     PATHS.with(|c| {
@@ -736,8 +484,9 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
 
     /// Takes the parts of the shards held (those that hold any, see
     /// [`Self::occupied`]) back: the slab and live-map parts, the default
-    /// pools' free sets, and the stat changes, folded into the device's
-    /// stats. A shard not held holds nothing (its fast path finds nothing).
+    /// pools' free sets, and the stat logs, replayed into the device's
+    /// stats (every shard that can log is held: the stats are exact after
+    /// it). A shard not held holds nothing (its fast path finds nothing).
     pub(crate) fn check_in<G>(&mut self, shards: &mut [Option<G>])
     where
         G: std::ops::DerefMut<Target = Shard<B::Stream>>,
@@ -756,7 +505,31 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
                     .free
                     .take_streams_from(&mut sh.free[small as usize]);
             }
-            sh.stats.fold_into(&mut self.stats);
+            if sh.mirror_dirty {
+                // (the only shard out: nothing else changed these stats)
+                self.stats.copy_fast_from(&sh.mirror);
+                sh.mirror_dirty = false;
+            }
+        }
+        if !self.logs.is_empty() {
+            // entries left by a flush come first: all go through `Pending`
+            for (k, sh) in shards.iter_mut().enumerate() {
+                if let Some(sh) = sh {
+                    self.logs.take(k, &mut sh.log);
+                }
+            }
+            self.logs.replay(&mut self.stats, u64::MAX);
+        } else {
+            let mut logs: [&[Entry]; SHARDS] = [&[]; SHARDS];
+            for (k, sh) in shards.iter().enumerate() {
+                if let Some(sh) = sh {
+                    logs[k] = &sh.log;
+                }
+            }
+            replay(&mut self.stats, &logs, u64::MAX);
+            for sh in shards.iter_mut().flatten() {
+                sh.log.clear();
+            }
         }
         // (with no shard held, e.g. while the fast path is off, every part
         // is here already and the sets are in order)
@@ -764,17 +537,6 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
             for small in [false, true] {
                 self.pools.pool_mut(DEFAULT_POOL, small).free.sort_streams();
             }
-        }
-        if cfg!(debug_assertions) {
-            for i in 0..FAST_STATS {
-                let s = self.stats.fast_stat_mut(i);
-                assert!(s.current <= s.peak, "fast stat {i} past its peak: {s:?}");
-            }
-        }
-        // what the budgets hold: the slack not left to grant
-        let slack = self.slack();
-        for (i, s) in slack.iter().enumerate() {
-            self.outstanding[i] = s - self.remaining[i];
         }
     }
 
@@ -792,20 +554,6 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
             && !gc_on
             && !self.ever_expandable
             && !self.foreign
-    }
-
-    /// Every fast stat's slack `peak - current` (exact once every shard is
-    /// folded in).
-    fn slack(&mut self) -> [i64; FAST_STATS] {
-        let mut out = [0; FAST_STATS];
-        for (a, arr) in self.stats.fast_arrays().into_iter().enumerate() {
-            for k in 0..3 {
-                out[3 * a + k] = (arr.0[k].peak - arr.0[k].current).max(0);
-            }
-        }
-        let o = &self.stats.oversize_allocations;
-        out[OVERSIZE] = (o.peak - o.current).max(0);
-        out
     }
 
     /// The shards that will hold anything once checked out (blocks, live
@@ -833,30 +581,28 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
     /// Hands the parts out to the shards held again (the reverse of
     /// [`Self::check_in`]; the caller holds every shard of
     /// [`Self::occupied`]), with what each may now do alone: the fast-path
-    /// flag and the configuration. A new generation of grants starts from
-    /// the exact stats, and the calling thread takes the first.
+    /// flag, the configuration, and whether it is the only shard out (its
+    /// log then needs no time stamps).
     pub(crate) fn check_out<G>(&mut self, shards: &mut [Option<G>])
     where
         G: std::ops::DerefMut<Target = Shard<B::Stream>>,
     {
         debug_assert_eq!(shards.len(), SHARDS);
+        debug_assert!(self.logs.is_empty());
         if !self.fast_ok() {
             // Every part stays here (the device path then takes no shard
             // lock at all): the shards held were checked in and hold
-            // nothing; they refuse every fast operation, and every budget
-            // is void.
+            // nothing; they refuse every fast operation.
             for sh in shards.iter_mut().flatten() {
                 sh.view.ok = false;
             }
-            self.generation += 1;
-            self.remaining = [0; FAST_STATS];
-            self.outstanding = [0; FAST_STATS];
-            self.grantee = 0;
             self.fast_on = false;
             return;
         }
         self.fast_on = true;
-        let ok = true;
+        // one shard out alone: no other can log while it is (a shard held
+        // but not occupied holds nothing, so it serves and logs nothing)
+        let solo = self.occupied().count_ones() <= 1;
         for small in [false, true] {
             let free = &mut self.pools.pool_mut(DEFAULT_POOL, small).free;
             while let Some(s) = free.last_stream() {
@@ -871,24 +617,6 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
             self.pools.pool(DEFAULT_POOL, false).gc_calls,
             self.pools.pool(DEFAULT_POOL, true).gc_calls,
         ];
-        // The budgets stay valid when the slack after the device's work
-        // still covers what they hold (the usual case: a miss, a stats
-        // read); else (a peak reset, a change that used up the slack) they
-        // are void and a new generation starts from the exact slack.
-        let slack = self.slack();
-        let keep = self.generation != 0
-            && slack
-                .iter()
-                .zip(&self.outstanding)
-                .all(|(s, held)| s - held >= 0);
-        if keep {
-            for (i, s) in slack.iter().enumerate() {
-                self.remaining[i] = s - self.outstanding[i];
-            }
-        } else {
-            self.generation += 1;
-            self.set_slack();
-        }
         for (k, sh) in shards.iter_mut().enumerate() {
             let Some(sh) = sh else {
                 debug_assert!(!self.blocks.parts[k].has_blocks() && self.live.parts[k].len() == 0);
@@ -899,151 +627,18 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
             sh.free[1].sort_streams();
             std::mem::swap(&mut self.blocks.parts[k], &mut sh.slab);
             std::mem::swap(&mut self.live.parts[k], &mut sh.live);
-            debug_assert!(sh.stats.inc == [0; SLOTS] && sh.stats.dec == [0; SLOTS]);
-            sh.view.ok = ok;
+            debug_assert!(sh.log.is_empty());
+            sh.view.ok = true;
             sh.view.gc_calls = gc_calls;
-            sh.view.generation = self.generation;
-            sh.view.alloc = self.alloc_id;
             if sh.view.config_gen != self.config_gen {
                 sh.view.config = self.config.clone();
                 sh.view.config_gen = self.config_gen;
             }
-        }
-        let _ = self.grant();
-    }
-
-    /// The grants of a new generation: every fast stat's slack (`peak -
-    /// current`, the stats exact: every shard's changes folded in).
-    fn set_slack(&mut self) {
-        self.remaining = self.slack();
-        self.outstanding = [0; FAST_STATS];
-        self.grantee = 0;
-    }
-
-    /// Starts a refresh of the grants (the device lock held, the shards
-    /// not): a new generation, so that every budget of the old one is void
-    /// on each shard once [`Self::refresh_shard`] has marked it. Returns the
-    /// shards to visit.
-    pub(crate) fn refresh_begin(&mut self) -> u32 {
-        self.generation += 1;
-        self.occupied
-    }
-
-    /// Folds held shard `sh`'s stat changes into the device's stats and
-    /// marks it with the new generation: from now on it takes no spending
-    /// of an old budget, so its changes folded here are all it made with
-    /// them (a free that only decreases stats may still run on it; that
-    /// only makes the slack set aside below smaller than it is).
-    pub(crate) fn refresh_shard(&mut self, sh: &mut Shard<B::Stream>) {
-        sh.stats.fold_into(&mut self.stats);
-        sh.view.generation = self.generation;
-    }
-
-    /// A new generation with every shard in `held` folded in and marked
-    /// (the caller holds every occupied shard: the stats are exact after
-    /// it, and no budget of an older generation can be spent).
-    pub(crate) fn refresh_held<G>(&mut self, held: &mut [Option<G>])
-    where
-        G: std::ops::DerefMut<Target = Shard<B::Stream>>,
-    {
-        let _ = self.refresh_begin();
-        for sh in held.iter_mut().flatten() {
-            self.refresh_shard(sh);
-        }
-    }
-
-    /// Ends a refresh (every shard of [`Self::refresh_begin`] marked): the
-    /// new generation's slack from the stats, now exact for every increase,
-    /// and a grant for the calling thread.
-    #[must_use]
-    pub(crate) fn refresh_end(&mut self) -> bool {
-        if cfg!(debug_assertions) {
-            for i in 0..FAST_STATS {
-                let s = self.stats.fast_stat_mut(i);
-                assert!(s.current <= s.peak, "fast stat {i} past its peak: {s:?}");
+            sh.view.solo = solo;
+            if solo {
+                sh.mirror.copy_fast_from(&self.stats);
             }
         }
-        self.set_slack();
-        self.grant()
-    }
-
-    /// Makes budget `b` unbounded for the current generation (every shard
-    /// held, for one operation that may raise peaks; see
-    /// [`Self::raise_peaks`]).
-    pub(crate) fn unbounded_budget(&self, b: &Budget) {
-        b.alloc.set(self.alloc_id);
-        b.generation.set(self.generation);
-        for r in &b.room {
-            r.set(i64::MAX / 4);
-        }
-    }
-
-    /// Raises every fast stat's peak to its current value (every shard
-    /// held and folded in: the currents are exact).
-    pub(crate) fn raise_peaks(&mut self) {
-        for i in 0..FAST_STATS {
-            let s = self.stats.fast_stat_mut(i);
-            s.peak = s.peak.max(s.current);
-        }
-    }
-
-    /// Gives the calling thread a grant: half of what is left of each
-    /// stat's slack in this generation (rounded up), added to its budget
-    /// (a budget of an older generation or another allocator is dropped).
-    /// False when nothing is left to give.
-    #[must_use]
-    pub(crate) fn grant(&mut self) -> bool {
-        BUDGET.with(|b| {
-            // a budget of this generation, even if empty: the thread's
-            // frees give it room
-            let fresh = !b.valid(self.alloc_id, self.generation);
-            if fresh {
-                b.alloc.set(self.alloc_id);
-                b.generation.set(self.generation);
-                for r in &b.room {
-                    r.set(0);
-                }
-            }
-            if self.remaining == [0; FAST_STATS] {
-                // nothing left to give: a retry helps only a fresh budget
-                return fresh;
-            }
-            // the thread's key: its budget's address (unique among live
-            // threads); a thread that is the only one to have taken grants
-            // in this generation and asks again gets everything left (one
-            // thread reaches a peak again exactly, with no device visit)
-            let me = b as *const Budget as usize;
-            let all = self.grantee == me;
-            self.grantee = if self.grantee == 0 || all {
-                me
-            } else {
-                usize::MAX
-            };
-            for (r, room) in self.remaining.iter_mut().zip(&b.room) {
-                // half of what is left, rounded up (never negative)
-                let g = if all {
-                    *r
-                } else {
-                    ((*r as u64 + 1) >> 1) as i64
-                };
-                *r -= g;
-                room.set(room.get() + g);
-            }
-            true
-        })
-    }
-
-    /// [`Self::grant`] for a free refused for its budget: a free increases
-    /// only the inactive-split stats, so when one of them has nothing left
-    /// a grant cannot help (false, nothing granted).
-    #[must_use]
-    pub(crate) fn grant_for_free(&mut self) -> bool {
-        let i = idx(Arr::InactiveSplit, StatType::Aggregate);
-        let j = idx(Arr::InactiveSplitBytes, StatType::Aggregate);
-        if self.remaining[i..i + 3].contains(&0) || self.remaining[j..j + 3].contains(&0) {
-            return false;
-        }
-        self.grant()
     }
 
     /// The shard of `s` (assigned now if new).

@@ -119,32 +119,20 @@ pub(crate) struct Inner<B: Backend> {
     /// Expandable segments were on at some point (some may remain): the
     /// fast path stays off from then on.
     pub(super) ever_expandable: bool,
-    /// The fast path was on at the last check-out (parts may be out, budgets
-    /// may be valid); while off, the device path skips check-in and
-    /// check-out.
+    /// The fast path was on at the last check-out (parts may be out);
+    /// while off, the device path skips check-in and check-out.
     pub(super) fast_on: bool,
-    /// The generation of the stat grants (one per check-out).
-    pub(super) generation: u64,
-    /// What is left of each fast stat's slack to grant in this generation.
-    pub(super) remaining: [i64; crate::engine::accounting::FAST_STATS],
-    /// Each fast stat's slack held in the threads' budgets, unspent: at a
-    /// check-in (every shard folded, no grant running) the slack
-    /// `peak - current` less `remaining`.
-    pub(super) outstanding: [i64; crate::engine::accounting::FAST_STATS],
-    /// The allocator's key of the grants.
-    pub(super) alloc_id: u64,
     /// The shards holding anything (held by the device path).
     pub(super) occupied: u32,
-    /// The thread that took this generation's grants (its budget's
-    /// address), 0 for none yet, `usize::MAX` for several.
-    pub(super) grantee: usize,
+    /// The shards' stat log entries taken out and not yet replayed.
+    pub(super) logs: crate::engine::stat_log::Pending,
     /// How far cachalot's expandable mode lets reserved memory pass the
     /// allocated peak before pages recycle.
     pub(super) recycling: crate::engine::expandable::Recycling,
 }
 
 impl<B: Backend> Inner<B> {
-    pub fn new(config: AllocatorConfig, total_memory: u64, alloc_id: u64) -> Self {
+    pub fn new(config: AllocatorConfig, total_memory: u64) -> Self {
         let stats = DeviceStats {
             max_split_size: config.max_split_size_stat(),
             ..DeviceStats::default()
@@ -165,12 +153,8 @@ impl<B: Backend> Inner<B> {
             foreign: false,
             ever_expandable: config.expandable_segments,
             fast_on: true,
-            generation: 0,
-            remaining: [0; crate::engine::accounting::FAST_STATS],
-            outstanding: [0; crate::engine::accounting::FAST_STATS],
-            alloc_id,
             occupied: 0,
-            grantee: 0,
+            logs: Default::default(),
             recycling: Default::default(),
             config,
         }
