@@ -273,10 +273,19 @@ impl<B: Backend> CachingAllocator<B> {
         }
     }
 
-    /// The shard lock of shard `k` alone (the fast path).
+    /// `op` on shard `k` with its lock alone (the fast path); when it set a
+    /// full log aside, the device is offered the logs after the shard lock
+    /// is released.
     #[inline]
-    fn lock_shard(&self, k: usize) -> MutexGuard<'_, Shard<B::Stream>> {
-        spin_lock(&self.shards[k].0)
+    fn shard_op<T>(&self, k: usize, op: impl FnOnce(&mut Shard<B::Stream>) -> T) -> T {
+        let mut sh = spin_lock(&self.shards[k].0);
+        let r = op(&mut sh);
+        let rotated = std::mem::take(&mut sh.rotated);
+        drop(sh);
+        if rotated {
+            self.offer_logs();
+        }
+        r
     }
 
     /// An allocator over `backend` configured from the environment
@@ -332,10 +341,10 @@ impl<B: Backend> CachingAllocator<B> {
         if self.fast.load(Ordering::Relaxed)
             && let Some(k) = shard::hint_get(key)
         {
-            let mut r = self.lock_shard(k).try_alloc(size, stream);
+            let mut r = self.shard_op(k, |sh| sh.try_alloc(size, stream));
             if r == Err(shard::Miss::Full) {
                 self.flush_logs();
-                r = self.lock_shard(k).try_alloc(size, stream);
+                r = self.shard_op(k, |sh| sh.try_alloc(size, stream));
             }
             if let Ok(addr) = r {
                 shard::count_path(shard::FAST);
@@ -393,10 +402,10 @@ impl<B: Backend> CachingAllocator<B> {
     /// free tried again.
     #[inline]
     fn try_free_on(&self, k: usize, addr: u64) -> Result<(), shard::Miss> {
-        let mut r = self.lock_shard(k).try_free(addr);
+        let mut r = self.shard_op(k, |sh| sh.try_free(addr));
         if r == Err(shard::Miss::Full) {
             self.flush_logs();
-            r = self.lock_shard(k).try_free(addr);
+            r = self.shard_op(k, |sh| sh.try_free(addr));
         }
         if r.is_ok() {
             shard::count_path(shard::FAST);
@@ -405,15 +414,31 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// Takes the shards' stat logs out without stopping them together
-    /// (a log is full): the device lock, then each occupied shard's lock in
-    /// turn (index order) to swap its log for an empty one; then the
-    /// entries stamped before the first swap are replayed (the shards
-    /// swapped first may still log later ones; the rest wait for the next
-    /// replay, see `stat_log.rs`).
+    /// (a shard's logs are both full): the device lock, then
+    /// [`Self::flush_held`].
     #[cold]
     fn flush_logs(&self) {
         shard::count_path(shard::FLUSH);
         let mut inner = spin_lock(&self.inner);
+        self.flush_held(&mut inner);
+    }
+
+    /// A shard set a full log aside: the device takes the logs out now if
+    /// its lock is free, else whoever holds it (or the next flush) will.
+    #[cold]
+    fn offer_logs(&self) {
+        if let Some(mut inner) = sync::try_lock(&self.inner) {
+            shard::count_path(shard::FLUSH);
+            self.flush_held(&mut inner);
+        }
+    }
+
+    /// With the device lock held: each occupied shard's lock in turn
+    /// (index order) to swap its logs for empty ones; then the entries
+    /// stamped before the first swap are replayed (the shards swapped
+    /// first may still log later ones; the rest wait for the next replay,
+    /// see `stat_log.rs`).
+    fn flush_held(&self, inner: &mut Inner<B>) {
         if !inner.fast_on {
             return;
         }
@@ -422,7 +447,8 @@ impl<B: Backend> CachingAllocator<B> {
         while bits != 0 {
             let k = bits.trailing_zeros() as usize;
             bits &= bits - 1;
-            let mut sh = spin_lock(&self.shards[k].0);
+            let mut g = spin_lock(&self.shards[k].0);
+            let sh = &mut *g;
             if until.is_none() {
                 // every later entry of every shard is stamped after this
                 until = Some(if sh.view.solo {
@@ -431,11 +457,11 @@ impl<B: Backend> CachingAllocator<B> {
                     stat_log::now()
                 });
             }
-            inner.logs.swap(&mut sh.log);
-            drop(sh);
+            inner.logs.swap(&mut sh.full, &mut sh.log);
+            sh.rotated = false;
+            drop(g);
             inner.logs.keep_swapped(k);
         }
-        let inner = &mut *inner;
         inner
             .logs
             .replay(&mut inner.stats, until.unwrap_or(u64::MAX));

@@ -83,6 +83,13 @@ pub(crate) struct Shard<S> {
     /// The stat transitions of its fast operations since the device last
     /// took them (capacity [`LOG_CAP`], never grown by the fast path).
     pub log: Vec<Entry>,
+    /// A full log waiting for the device to take it (else empty; the same
+    /// capacity): a log that fills up goes here, and the fast path goes on
+    /// with this one's empty buffer, without waiting.
+    pub full: Vec<Entry>,
+    /// A log was set aside just now: the caller asks the device to take
+    /// it if the device lock is free (`CachingAllocator::offer_logs`).
+    pub rotated: bool,
     /// While the shard is the only one out (`FastView::solo`): the
     /// device's stats, handed out at check-out and changed here exactly as
     /// the engine would, taken back at check-in when `mirror_dirty`.
@@ -101,6 +108,8 @@ impl<S: Copy + Ord> Shard<S> {
             live: AddrTable::default(),
             free: [FreeSet::default(), FreeSet::default()],
             log: Vec::with_capacity(LOG_CAP),
+            full: Vec::with_capacity(LOG_CAP),
+            rotated: false,
             mirror: DeviceStats::default(),
             mirror_dirty: false,
             view: FastView {
@@ -123,7 +132,7 @@ impl<S: Copy + Ord> Shard<S> {
         if !self.view.ok {
             return Err(Miss::Device);
         }
-        if self.log.len() == LOG_CAP {
+        if self.log.len() == LOG_CAP && !self.log_rotate() {
             return Err(Miss::Full);
         }
         let cfg = &self.view.config;
@@ -191,6 +200,9 @@ impl<S: Copy + Ord> Shard<S> {
         let Some(id) = self.live.get(addr) else {
             return Err(Miss::Absent);
         };
+        if self.log.len() == LOG_CAP && !self.log_rotate() {
+            return Err(Miss::Full);
+        }
         let b = &self.slab[id];
         if !b.stream_uses.is_empty()
             || !b.capture_uses.is_empty()
@@ -199,9 +211,6 @@ impl<S: Copy + Ord> Shard<S> {
             || b.state != BState::Allocated
         {
             return Err(Miss::Device);
-        }
-        if self.log.len() == LOG_CAP {
-            return Err(Miss::Full);
         }
         let (stream, small, size, requested, oversize) =
             (b.stream, b.small, b.size, b.requested, b.oversize);
@@ -288,6 +297,18 @@ impl<S: Copy + Ord> Shard<S> {
         }
         self.log(Rec::Free(tr));
         Ok(())
+    }
+
+    /// Sets the full log aside when nothing waits there yet (false: both
+    /// are full, the device must take them first).
+    #[inline]
+    fn log_rotate(&mut self) -> bool {
+        if !self.full.is_empty() {
+            return false;
+        }
+        std::mem::swap(&mut self.log, &mut self.full);
+        self.rotated = true;
+        true
     }
 
     /// Records a fast operation's transitions: written to the mirror while
@@ -511,10 +532,13 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
                 sh.mirror_dirty = false;
             }
         }
-        if !self.logs.is_empty() {
-            // entries left by a flush come first: all go through `Pending`
+        let set_aside = shards.iter().flatten().any(|sh| !sh.full.is_empty());
+        if set_aside || !self.logs.is_empty() {
+            // entries left by a flush or set aside come first: all go
+            // through `Pending`, each shard's in their order
             for (k, sh) in shards.iter_mut().enumerate() {
                 if let Some(sh) = sh {
+                    self.logs.take(k, &mut sh.full);
                     self.logs.take(k, &mut sh.log);
                 }
             }
@@ -627,7 +651,7 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
             sh.free[1].sort_streams();
             std::mem::swap(&mut self.blocks.parts[k], &mut sh.slab);
             std::mem::swap(&mut self.live.parts[k], &mut sh.live);
-            debug_assert!(sh.log.is_empty());
+            debug_assert!(sh.log.is_empty() && sh.full.is_empty());
             sh.view.ok = true;
             sh.view.gc_calls = gc_calls;
             if sh.view.config_gen != self.config_gen {

@@ -176,8 +176,9 @@ pub(crate) fn now() -> u64 {
 /// yet replayed, in their order.
 pub(crate) struct Pending {
     logs: Vec<Vec<Entry>>,
-    /// An empty log of [`LOG_CAP`] capacity, swapped for a shard's full one.
+    /// Empty logs of [`LOG_CAP`] capacity, swapped for a shard's.
     spare: Vec<Entry>,
+    spare2: Vec<Entry>,
 }
 
 impl Default for Pending {
@@ -185,24 +186,32 @@ impl Default for Pending {
         Self {
             logs: (0..SHARDS).map(|_| Vec::new()).collect(),
             spare: Vec::with_capacity(LOG_CAP),
+            spare2: Vec::with_capacity(LOG_CAP),
         }
     }
 }
 
 impl Pending {
-    /// Swaps shard log `log` (its shard's lock held) for an empty one of
-    /// the same capacity; [`Self::keep_swapped`] files what it held.
+    /// Swaps a shard's logs (its lock held; `full`, the one set aside,
+    /// then `log`) for empty ones of the same capacity;
+    /// [`Self::keep_swapped`] files what they held.
     #[inline]
-    pub(crate) fn swap(&mut self, log: &mut Vec<Entry>) {
+    pub(crate) fn swap(&mut self, full: &mut Vec<Entry>, log: &mut Vec<Entry>) {
         debug_assert!(self.spare.is_empty() && self.spare.capacity() >= LOG_CAP);
+        debug_assert!(self.spare2.is_empty() && self.spare2.capacity() >= LOG_CAP);
+        if !full.is_empty() {
+            std::mem::swap(full, &mut self.spare2);
+        }
         std::mem::swap(log, &mut self.spare);
     }
 
-    /// Files the entries of the log swapped out last as shard `k`'s (no
-    /// shard lock needed).
+    /// Files the entries of the logs swapped out last as shard `k`'s, in
+    /// their order (no shard lock needed).
     #[inline]
     pub(crate) fn keep_swapped(&mut self, k: usize) {
+        self.logs[k].extend_from_slice(&self.spare2);
         self.logs[k].extend_from_slice(&self.spare);
+        self.spare2.clear();
         self.spare.clear();
     }
 
@@ -377,12 +386,17 @@ mod tests {
     #[test]
     fn a_swapped_log_keeps_its_capacity() {
         let mut p = Pending::default();
+        let mut full = Vec::with_capacity(LOG_CAP);
+        full.push(alloc(1, 3));
         let mut log = Vec::with_capacity(LOG_CAP);
-        log.push(alloc(1, 3));
-        p.swap(&mut log);
+        log.push(alloc(2, 4));
+        p.swap(&mut full, &mut log);
         assert!(log.is_empty() && log.capacity() >= LOG_CAP);
+        assert!(full.is_empty() && full.capacity() >= LOG_CAP);
         p.keep_swapped(2);
-        assert_eq!(p.logs[2].len(), 1);
+        // the log set aside first
+        assert_eq!(p.logs[2].iter().map(|e| e.ts).collect::<Vec<_>>(), [1, 2]);
         assert!(p.spare.capacity() >= LOG_CAP && p.spare.is_empty());
+        assert!(p.spare2.capacity() >= LOG_CAP && p.spare2.is_empty());
     }
 }
