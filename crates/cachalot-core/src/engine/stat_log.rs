@@ -13,16 +13,16 @@
 //! operation that ends before another begins has the smaller stamp
 //! (operations that overlap may be put in either order: both orders are
 //! possible histories). While one shard alone is out (`FastView::solo`)
-//! no other shard can log, a log's order is the order, and no stamp is
-//! taken.
+//! no other shard can change a stat, and the shard writes a copy of the
+//! stats directly instead (`Shard::mirror`): no log, no stamp.
 //!
 //! The device replays everything at check-in (every shard held: the stats
 //! are exact for the engine's own code). A log that fills up
-//! ([`LOG_CAP`]) is taken out without stopping the other shards
-//! (`CachingAllocator::flush_logs`): each shard's log is swapped out under
-//! its lock in turn, and only the entries stamped before the first swap
-//! are replayed, since later ones of the shards swapped first are still to
-//! come; the rest wait in [`Pending`].
+//! ([`LOG_CAP`]) is set aside and offered to the device; taking logs out
+//! does not stop the other shards (`CachingAllocator::flush_held`): each
+//! shard's logs are swapped out under its lock in turn, and only the
+//! entries stamped before the first swap are replayed, since later ones of
+//! the shards swapped first are still to come; the rest wait in [`Pending`].
 #![forbid(unsafe_code)]
 
 use crate::engine::accounting::StatSink;
@@ -58,8 +58,7 @@ impl Rec {
     }
 }
 
-/// A log entry: a fast operation's transitions and its time stamp
-/// (0 while its shard was the only one out).
+/// A log entry: a fast operation's transitions and its time stamp.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Entry {
     /// The time stamp, [`now`].
