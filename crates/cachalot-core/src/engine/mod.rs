@@ -191,8 +191,8 @@ impl<B: Backend> Drop for DeviceGuard<'_, B> {
             .shards
             .get_or_insert_with(|| std::array::from_fn(|_| None));
         take_shards(self.all, occupied, shards);
-        self.inner.check_out(&mut shards[..]);
         self.inner.occupied = occupied;
+        self.inner.check_out(&mut shards[..]);
         self.fast.store(occupied != 0, Ordering::Relaxed);
     }
 }
@@ -306,8 +306,8 @@ impl<B: Backend> CachingAllocator<B> {
         let mut shards: Vec<Shard<B::Stream>> =
             (0..SHARDS).map(|k| Shard::new(k, &inner.config)).collect();
         let mut refs: Vec<Option<&mut Shard<B::Stream>>> = shards.iter_mut().map(Some).collect();
-        inner.check_out(&mut refs);
         inner.occupied = 0;
+        inner.check_out(&mut refs);
         Ok(Self {
             inner: Mutex::new(inner),
             shards: shards.into_iter().map(|s| Padded(Mutex::new(s))).collect(),

@@ -603,10 +603,11 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
     }
 
     /// Hands the parts out to the shards held again (the reverse of
-    /// [`Self::check_in`]; the caller holds every shard of
-    /// [`Self::occupied`]), with what each may now do alone: the fast-path
-    /// flag, the configuration, and whether it is the only shard out (its
-    /// log then needs no time stamps).
+    /// [`Self::check_in`]; the caller has set the `occupied` field from
+    /// [`Self::occupied`] and holds every shard in it), with what each may
+    /// now do alone: the fast-path flag, the configuration, and whether it
+    /// is the only shard out (it then changes a copy of the stats, its
+    /// `mirror`, instead of logging).
     pub(crate) fn check_out<G>(&mut self, shards: &mut [Option<G>])
     where
         G: std::ops::DerefMut<Target = Shard<B::Stream>>,
@@ -626,7 +627,7 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
         self.fast_on = true;
         // one shard out alone: no other can log while it is (a shard held
         // but not occupied holds nothing, so it serves and logs nothing)
-        let solo = self.occupied().count_ones() <= 1;
+        let solo = self.occupied.count_ones() <= 1;
         for small in [false, true] {
             let free = &mut self.pools.pool_mut(DEFAULT_POOL, small).free;
             while let Some(s) = free.last_stream() {
@@ -659,7 +660,7 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
                 sh.view.config_gen = self.config_gen;
             }
             sh.view.solo = solo;
-            if solo {
+            if solo && self.occupied & (1 << k) != 0 {
                 sh.mirror.copy_fast_from(&self.stats);
             }
         }
