@@ -340,16 +340,9 @@ impl<B: Backend> CachingAllocator<B> {
         let key = shard::stream_key(self.id, &stream);
         if self.fast.load(Ordering::Relaxed)
             && let Some(k) = shard::hint_get(key)
+            && let Ok(addr) = self.fast_op(k, |sh| sh.try_alloc(size, stream))
         {
-            let mut r = self.shard_op(k, |sh| sh.try_alloc(size, stream));
-            if r == Err(shard::Miss::Full) {
-                self.flush_logs();
-                r = self.shard_op(k, |sh| sh.try_alloc(size, stream));
-            }
-            if let Ok(addr) = r {
-                shard::count_path(shard::FAST);
-                return Ok(addr);
-            }
+            return Ok(addr);
         }
         shard::count_path(shard::DEVICE);
         let outcome = {
@@ -398,14 +391,25 @@ impl<B: Backend> CachingAllocator<B> {
         self.free_other_shards(addr)
     }
 
-    /// A free on shard `k` alone; a full log is taken out once and the
-    /// free tried again.
+    /// A free on shard `k` alone ([`Self::fast_op`]).
     #[inline]
     fn try_free_on(&self, k: usize, addr: u64) -> Result<(), shard::Miss> {
-        let mut r = self.shard_op(k, |sh| sh.try_free(addr));
-        if r == Err(shard::Miss::Full) {
+        self.fast_op(k, |sh| sh.try_free(addr))
+    }
+
+    /// A fast operation `op` on shard `k` ([`Self::shard_op`]); when the
+    /// shard's logs are both full they are taken out and `op` is tried
+    /// once more. Counts the operation as fast when it ran.
+    #[inline]
+    fn fast_op<T>(
+        &self,
+        k: usize,
+        op: impl Fn(&mut Shard<B::Stream>) -> Result<T, shard::Miss> + Copy,
+    ) -> Result<T, shard::Miss> {
+        let mut r = self.shard_op(k, op);
+        if matches!(r, Err(shard::Miss::Full)) {
             self.flush_logs();
-            r = self.shard_op(k, |sh| sh.try_free(addr));
+            r = self.shard_op(k, op);
         }
         if r.is_ok() {
             shard::count_path(shard::FAST);
