@@ -455,11 +455,7 @@ impl<B: Backend> CachingAllocator<B> {
             let sh = &mut *g;
             if until.is_none() {
                 // every later entry of every shard is stamped after this
-                until = Some(if sh.view.solo {
-                    u64::MAX
-                } else {
-                    stat_log::now()
-                });
+                until = Some(stat_log::now());
             }
             inner.logs.swap(&mut sh.full, &mut sh.log);
             sh.rotated = false;

@@ -248,7 +248,8 @@ impl Pending {
 /// Replays shard logs `logs` into `stats`: each shard's entries in their
 /// order, the shards interleaved by stamp (ties: the lower shard first),
 /// for as long as the next entry is stamped before `until` (`u64::MAX`:
-/// everything). Returns how many of each log were replayed.
+/// everything, as no stamp reaches it). Returns how many of each log were
+/// replayed.
 pub(crate) fn replay(
     stats: &mut DeviceStats,
     logs: &[&[Entry]; SHARDS],
@@ -268,7 +269,7 @@ pub(crate) fn replay(
             let k = live[0];
             let log = logs[k];
             let mut p = pos[k];
-            while p < log.len() && (until == u64::MAX || log[p].ts < until) {
+            while p < log.len() && log[p].ts < until {
                 log[p].rec.apply(stats);
                 p += 1;
             }
@@ -285,7 +286,7 @@ pub(crate) fn replay(
                 at = i + 1;
             }
         }
-        if until != u64::MAX && best >= until {
+        if best >= until {
             break;
         }
         let k = live[at];
