@@ -236,14 +236,24 @@ fn lock_contended<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     sync::lock(m)
 }
 
+/// The shards in bit set `bits`, in index order.
+#[inline]
+fn shards_in(bits: u32) -> impl Iterator<Item = usize> {
+    let mut bits = bits;
+    std::iter::from_fn(move || {
+        (bits != 0).then(|| {
+            let k = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            k
+        })
+    })
+}
+
 /// Takes the lock of every shard in `bits` that `held` does not hold yet,
 /// in index order (the device lock is held: see [`CachingAllocator::lock`]).
 #[inline]
 fn take_shards<'a, S>(all: &'a [ShardLock<S>], bits: u32, held: &mut ShardGuards<'a, S>) {
-    let mut bits = bits;
-    while bits != 0 {
-        let k = bits.trailing_zeros() as usize;
-        bits &= bits - 1;
+    for k in shards_in(bits) {
         if held[k].is_none() {
             held[k] = Some(spin_lock(&all[k].0));
         }
@@ -446,11 +456,8 @@ impl<B: Backend> CachingAllocator<B> {
         if !inner.fast_on {
             return;
         }
-        let mut bits = inner.occupied;
         let mut until = None;
-        while bits != 0 {
-            let k = bits.trailing_zeros() as usize;
-            bits &= bits - 1;
+        for k in shards_in(inner.occupied) {
             let mut g = spin_lock(&self.shards[k].0);
             let sh = &mut *g;
             if until.is_none() {
