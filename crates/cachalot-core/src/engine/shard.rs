@@ -260,18 +260,12 @@ impl<S: Copy + Ord> Shard<S> {
         let free = &mut self.free[small as usize];
         let mut id = id;
         if mp {
-            let p = &self.slab[prev];
-            let r = free.remove(stream, p.size, p.addr, p.dormant_key());
-            debug_assert_eq!(r, Some(prev));
-            self.slab[prev].dormant = false;
+            unfile(free, &mut self.slab, stream, prev);
             self.slab.absorb_next(prev);
             id = prev;
         }
         if mn {
-            let n = &self.slab[next];
-            let r = free.remove(stream, n.size, n.addr, n.dormant_key());
-            debug_assert_eq!(r, Some(next));
-            self.slab[next].dormant = false;
+            unfile(free, &mut self.slab, stream, next);
             self.slab.absorb_next(id);
         }
         let b = &mut self.slab[id];
@@ -324,6 +318,16 @@ impl<S: Copy + Ord> Shard<S> {
         debug_assert!(self.log.len() < LOG_CAP);
         self.log.push(Entry { ts: now(), rec });
     }
+}
+
+/// Takes free block `id` of `stream` out of `free` before a merge (the
+/// shard's `Inner::remove_free`).
+#[inline(always)]
+fn unfile<S: Copy + Ord>(free: &mut FreeSet<S>, slab: &mut Slab<S>, stream: S, id: BlockId) {
+    let b = &slab[id];
+    let r = free.remove(stream, b.size, b.addr, b.dormant_key());
+    debug_assert_eq!(r, Some(id));
+    slab[id].dormant = false;
 }
 
 /// The engine's `should_split` (expandable segments aside: the fast path
