@@ -155,24 +155,139 @@ pub(crate) trait StatSink {
     }
 }
 
-impl DeviceStats {
-    /// Copies the stats a hit and a free change (the [`Arr`] arrays and
-    /// `oversize_allocations`) from `from`.
-    pub(crate) fn copy_fast_from(&mut self, from: &DeviceStats) {
-        for arr in [
-            Arr::Allocation,
-            Arr::Active,
-            Arr::AllocatedBytes,
-            Arr::ActiveBytes,
-            Arr::RequestedBytes,
-            Arr::InactiveSplit,
-            Arr::InactiveSplitBytes,
-        ] {
-            *self.array_mut(arr) = *from.array(arr);
+/// The [`Arr`] arrays, in index order.
+const ARRS: [Arr; 7] = [
+    Arr::Allocation,
+    Arr::Active,
+    Arr::AllocatedBytes,
+    Arr::ActiveBytes,
+    Arr::RequestedBytes,
+    Arr::InactiveSplit,
+    Arr::InactiveSplitBytes,
+];
+
+/// One pool kind's stat of a [`FastArr`]: `freed` is not kept but derived
+/// (`base + allocated - current`: an increase adds to `allocated` and
+/// `current` alike, a decrease takes from `current` what it adds to
+/// `freed`, so `freed - allocated + current` never changes between
+/// resets, which happen on the device).
+#[derive(Clone, Copy, Debug, Default)]
+struct PoolStat {
+    current: i64,
+    peak: i64,
+    allocated: i64,
+    base: i64,
+}
+
+/// A [`crate::stats::StatArray`] as the fast path changes it cheaply: the
+/// two pool kinds in full (less `freed`, derived), and of "all" only the
+/// peak, since its current and cumulative values are the pools' sums (plus
+/// the offsets they had when loaded). A decrease then writes one word, an
+/// increase four.
+#[derive(Clone, Copy, Debug, Default)]
+struct FastArr {
+    /// `[small, large]`.
+    pool: [PoolStat; 2],
+    all_peak: i64,
+    all_current_off: i64,
+    all_allocated_off: i64,
+    all_base: i64,
+}
+
+/// The stats a hit and a free change (the [`Arr`] arrays and
+/// `oversize_allocations`), held by the shard that is the only one out
+/// (`Shard::mirror`) in the form it changes cheaply; loaded from and stored
+/// back to [`DeviceStats`] exactly.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct FastStats {
+    arr: [FastArr; 7],
+    oversize: crate::stats::Stat,
+}
+
+/// The index of pool kind `st` in [`FastArr::pool`] (the fast path never
+/// names "all").
+#[inline(always)]
+fn pool_index(st: StatType) -> usize {
+    debug_assert!(st != StatType::Aggregate);
+    match st {
+        StatType::SmallPool => 0,
+        _ => 1,
+    }
+}
+
+impl FastStats {
+    /// The fast stats of `from`.
+    pub(crate) fn load(&mut self, from: &DeviceStats) {
+        for (a, arr) in self.arr.iter_mut().zip(ARRS) {
+            let s = &from.array(arr).0;
+            for (p, st) in a.pool.iter_mut().zip(&s[1..]) {
+                *p = PoolStat {
+                    current: st.current,
+                    peak: st.peak,
+                    allocated: st.allocated,
+                    base: st.freed - st.allocated + st.current,
+                };
+            }
+            let all = &s[0];
+            a.all_peak = all.peak;
+            a.all_current_off = all.current - s[1].current - s[2].current;
+            a.all_allocated_off = all.allocated - s[1].allocated - s[2].allocated;
+            a.all_base = all.freed - all.allocated + all.current;
         }
-        self.oversize_allocations = from.oversize_allocations;
+        self.oversize = from.oversize_allocations;
     }
 
+    /// Writes the fast stats back to `to` (the inverse of [`Self::load`]).
+    pub(crate) fn store(&self, to: &mut DeviceStats) {
+        for (a, arr) in self.arr.iter().zip(ARRS) {
+            let s = &mut to.array_mut(arr).0;
+            for (p, st) in a.pool.iter().zip(&mut s[1..]) {
+                st.current = p.current;
+                st.peak = p.peak;
+                st.allocated = p.allocated;
+                st.freed = p.base + p.allocated - p.current;
+            }
+            let current = a.pool[0].current + a.pool[1].current + a.all_current_off;
+            let allocated = a.pool[0].allocated + a.pool[1].allocated + a.all_allocated_off;
+            s[0] = crate::stats::Stat {
+                current,
+                peak: a.all_peak,
+                allocated,
+                freed: a.all_base + allocated - current,
+            };
+        }
+        to.oversize_allocations = self.oversize;
+    }
+}
+
+impl StatSink for FastStats {
+    #[inline(always)]
+    fn inc(&mut self, arr: Arr, st: StatType, n: i64) {
+        let a = &mut self.arr[arr as usize];
+        let p = &mut a.pool[pool_index(st)];
+        p.current += n;
+        p.allocated += n;
+        if p.current > p.peak {
+            p.peak = p.current;
+        }
+        let all = a.pool[0].current + a.pool[1].current + a.all_current_off;
+        if all > a.all_peak {
+            a.all_peak = all;
+        }
+    }
+    #[inline(always)]
+    fn dec(&mut self, arr: Arr, st: StatType, n: i64) {
+        let p = &mut self.arr[arr as usize].pool[pool_index(st)];
+        p.current -= n;
+        debug_assert!(p.current >= 0, "stat went negative");
+    }
+    #[inline(always)]
+    fn oversize(&mut self, d: i64) {
+        self.oversize.update(d)
+    }
+}
+
+impl DeviceStats {
     /// The stat array `arr` names.
     #[inline(always)]
     fn array(&self, arr: Arr) -> &crate::stats::StatArray {
@@ -217,6 +332,81 @@ impl StatSink for DeviceStats {
             self.oversize_allocations.increase(d)
         } else {
             self.oversize_allocations.decrease(-d)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A random walk of fast transitions written to the device's stats and,
+    /// from any starting state, to a [`FastStats`] loaded from them: the
+    /// stored result is the same in every field.
+    #[test]
+    fn fast_stats_change_exactly_as_the_device_stats() {
+        let mut rng = 0x1234_5678_9abc_def1u64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let mut dev = DeviceStats::default();
+        // some history first, resets included, so the offsets are not zero
+        for arr in ARRS {
+            dev.inc(arr, StatType::LargePool, 40);
+            dev.dec(arr, StatType::LargePool, 15);
+            dev.inc(arr, StatType::SmallPool, 7);
+        }
+        dev.reset_accumulated();
+        dev.inc(Arr::Active, StatType::SmallPool, 3);
+        dev.reset_peak();
+        for round in 0..50 {
+            let mut fast = FastStats::default();
+            fast.load(&dev);
+            let check = fast.clone();
+            let mut copy = DeviceStats::default();
+            check.store(&mut copy);
+            assert_eq!(copy, dev, "load then store is the identity");
+            for _ in 0..200 {
+                let arr = ARRS[(next() % 7) as usize];
+                let st = if next() % 2 == 0 {
+                    StatType::SmallPool
+                } else {
+                    StatType::LargePool
+                };
+                let cur = dev.array(arr).0[st as usize].current;
+                let n = (next() % 100) as i64;
+                match next() % 3 {
+                    0 if cur >= n => {
+                        dev.dec(arr, st, n);
+                        fast.dec(arr, st, n);
+                    }
+                    1 => {
+                        let d = if next() % 2 == 0 { 1 } else { -1 };
+                        if d > 0 || dev.oversize_allocations.current > 0 {
+                            dev.oversize(d);
+                            fast.oversize(d);
+                        }
+                    }
+                    _ => {
+                        dev.inc(arr, st, n);
+                        fast.inc(arr, st, n);
+                    }
+                }
+            }
+            let mut got = dev.clone();
+            // start from other values: store overwrites every fast field
+            for arr in ARRS {
+                *got.array_mut(arr) = Default::default();
+            }
+            got.oversize_allocations = Default::default();
+            fast.store(&mut got);
+            assert_eq!(got, dev, "round {round}");
+            if round % 10 == 9 {
+                dev.reset_peak();
+            }
         }
     }
 }

@@ -25,6 +25,7 @@ use std::cell::Cell;
 use std::hash::{Hash, Hasher};
 
 use crate::config::{AllocatorConfig, Placement};
+use crate::engine::accounting::FastStats;
 use crate::engine::addr_table::AddrTable;
 use crate::engine::block::{BState, BlockId, NIL, Slab, part_of};
 use crate::engine::free_set::{Back, FreeSet};
@@ -34,7 +35,7 @@ use crate::engine::rounding::{MIN_BLOCK_SIZE, SMALL_SIZE, round_size};
 use crate::engine::stat_log::{
     AllocTransitions, Entry, FreeTransitions, LOG_CAP, Rec, now, replay,
 };
-use crate::stats::{DeviceStats, StatType};
+use crate::stats::StatType;
 
 /// Number of shards (and of parts of the slab and the live map). Streams
 /// are assigned to shards round-robin in the order they first allocate, so
@@ -93,7 +94,7 @@ pub(crate) struct Shard<S> {
     /// While the shard is the only one out (`FastView::solo`): the
     /// device's stats, handed out at check-out and changed here exactly as
     /// the engine would, taken back at check-in when `mirror_dirty`.
-    pub mirror: DeviceStats,
+    pub mirror: FastStats,
     /// The mirror changed since the last check-out.
     pub mirror_dirty: bool,
     /// What the fast path may do.
@@ -110,7 +111,7 @@ impl<S: Copy + Ord> Shard<S> {
             log: Vec::with_capacity(LOG_CAP),
             full: Vec::with_capacity(LOG_CAP),
             rotated: false,
-            mirror: DeviceStats::default(),
+            mirror: FastStats::default(),
             mirror_dirty: false,
             view: FastView {
                 ok: false,
@@ -532,7 +533,7 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
             }
             if sh.mirror_dirty {
                 // (the only shard out: nothing else changed these stats)
-                self.stats.copy_fast_from(&sh.mirror);
+                sh.mirror.store(&mut self.stats);
                 sh.mirror_dirty = false;
             }
         }
@@ -665,7 +666,7 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
             }
             sh.view.solo = solo;
             if solo && self.occupied & (1 << k) != 0 {
-                sh.mirror.copy_fast_from(&self.stats);
+                sh.mirror.load(&self.stats);
             }
         }
     }
