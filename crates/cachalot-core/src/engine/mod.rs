@@ -355,14 +355,17 @@ impl<B: Backend> CachingAllocator<B> {
             return Ok(addr);
         }
         shard::count_path(shard::DEVICE);
-        let outcome = {
+        let (outcome, k) = {
             let mut g = self.lock();
             let k = g.shard_of(stream);
             shard::hint_set(key, k);
-            g.malloc(&self.backend, size, stream)?
+            (g.malloc(&self.backend, size, stream)?, k)
         };
         match outcome {
-            AllocOutcome::Ok(addr) => Ok(addr),
+            AllocOutcome::Ok(addr) => {
+                shard::owner_set(addr, k);
+                Ok(addr)
+            }
             AllocOutcome::Oom { report, never_fits } => {
                 tracing::warn!(%report, "out of memory");
                 self.notify_oom(&report);
@@ -385,20 +388,19 @@ impl<B: Backend> CachingAllocator<B> {
         if addr == 0 {
             return Ok(());
         }
-        // the shard this thread used last, then the others it used
+        // the shard of this thread's allocation at `addr` if remembered,
+        // else the shard it used last; then the others it used
         if !self.fast.load(Ordering::Relaxed) {
             return self.free_on_device(addr);
         }
-        if let Some(k) = shard::hint_shard(0) {
-            match self.try_free_on(k, addr) {
-                Ok(()) => return Ok(()),
-                Err(shard::Miss::Device) => return self.free_on_device(addr),
-                Err(_) => {}
-            }
-        } else {
+        let Some(k) = shard::owner_get(addr).or_else(|| shard::hint_shard(0)) else {
             return self.free_on_device(addr);
+        };
+        match self.try_free_on(k, addr) {
+            Ok(()) => Ok(()),
+            Err(shard::Miss::Device) => self.free_on_device(addr),
+            Err(_) => self.free_other_shards(addr, k),
         }
-        self.free_other_shards(addr)
     }
 
     /// A free on shard `k` alone ([`Self::fast_op`]).
@@ -447,31 +449,28 @@ impl<B: Backend> CachingAllocator<B> {
         }
     }
 
-    /// With the device lock held: each occupied shard's lock in turn
-    /// (index order) to swap its logs for empty ones; then the entries
-    /// stamped before the first swap are replayed (the shards swapped
-    /// first may still log later ones; the rest wait for the next replay,
-    /// see `stat_log.rs`).
+    /// With the device lock held: every occupied shard's lock (index order,
+    /// as [`Self::lock`]) for as long as it takes to swap its logs for
+    /// empty ones; then, with the shards let go, the logs are replayed in
+    /// full (each entry swapped out was logged before any entry logged
+    /// after: nothing waits, see `stat_log.rs`).
     fn flush_held(&self, inner: &mut Inner<B>) {
         if !inner.fast_on {
             return;
         }
-        let mut until = None;
-        for k in shards_in(inner.occupied) {
-            let mut g = spin_lock(&self.shards[k].0);
-            let sh = &mut *g;
-            if until.is_none() {
-                // every later entry of every shard is stamped after this
-                until = Some(stat_log::now());
+        {
+            let mut held: ShardGuards<'_, B::Stream> = std::array::from_fn(|_| None);
+            take_shards(&self.shards, inner.occupied, &mut held);
+            for (k, g) in held.iter_mut().enumerate() {
+                if let Some(g) = g {
+                    let sh = &mut **g;
+                    inner.logs.swap(k, &mut sh.full, &mut sh.log);
+                    sh.rotated = false;
+                }
             }
-            inner.logs.swap(&mut sh.full, &mut sh.log);
-            sh.rotated = false;
-            drop(g);
-            inner.logs.keep_swapped(k);
         }
-        inner
-            .logs
-            .replay(&mut inner.stats, until.unwrap_or(u64::MAX));
+        let inner = &mut *inner;
+        inner.logs.replay(&mut inner.stats);
     }
 
     /// [`Self::free`] on the device path.
@@ -481,18 +480,18 @@ impl<B: Backend> CachingAllocator<B> {
         self.lock().free(&self.backend, addr)
     }
 
-    /// [`Self::free`] of an address not on the shard this thread used
-    /// last: the other shards it used, else the device.
+    /// [`Self::free`] of an address not on shard `first`, tried first:
+    /// the other shards this thread used, else the device.
     #[cold]
-    fn free_other_shards(&self, addr: u64) -> Result<(), Error> {
-        let mut tried = [usize::MAX; shard::HINTS];
-        tried[0] = shard::hint_shard(0).unwrap_or(usize::MAX);
-        for i in 1..shard::HINTS {
+    fn free_other_shards(&self, addr: u64, first: usize) -> Result<(), Error> {
+        let mut tried = [usize::MAX; shard::HINTS + 1];
+        tried[0] = first;
+        for i in 0..shard::HINTS {
             let Some(k) = shard::hint_shard(i) else { break };
             if tried.contains(&k) {
                 continue;
             }
-            tried[i] = k;
+            tried[i + 1] = k;
             match self.try_free_on(k, addr) {
                 Ok(()) => return Ok(()),
                 Err(shard::Miss::Device) => break,

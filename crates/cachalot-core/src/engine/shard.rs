@@ -183,6 +183,10 @@ impl<S: Copy + Ord> Shard<S> {
         b.oversize = oversize;
         let addr = b.addr;
         self.live.insert(addr, id);
+        if !self.view.solo {
+            // (alone, the shard a free tries first is this one anyway)
+            owner_set(addr, self.slab.part());
+        }
         self.log(Rec::Alloc(tr));
         Ok(addr)
     }
@@ -457,6 +461,45 @@ pub(crate) fn hint_set(key: u64, shard: usize) {
     });
 }
 
+/// Entries of the thread-local owner cache (a power of two).
+const OWNERS: usize = 1024;
+
+#[cfg(not(feature = "shuttle"))]
+thread_local! {
+    /// The shards of this thread's recent allocations, as (address,
+    /// shard), direct-mapped by a hash of the address: a free of an
+    /// address this thread allocated tries its shard first. Only a guess,
+    /// as [`HINT`] (the shard checks that it holds the address).
+    static OWNER: [Cell<(u64, u32)>; OWNERS] = const { [const { Cell::new((0, 0)) }; OWNERS] };
+}
+
+#[cfg(feature = "shuttle")]
+shuttle::thread_local! {
+    /// This (model) thread's owner cache.
+    static OWNER: [Cell<(u64, u32)>; OWNERS] = [const { Cell::new((0, 0)) }; OWNERS];
+}
+
+/// The slot of `addr` in [`OWNER`].
+#[inline(always)]
+fn owner_slot(addr: u64) -> usize {
+    (addr.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - OWNERS.trailing_zeros())) as usize
+}
+
+/// Records that this thread's allocation at `addr` is on `shard`.
+#[inline]
+pub(crate) fn owner_set(addr: u64, shard: usize) {
+    OWNER.with(|o| o[owner_slot(addr)].set((addr, shard as u32)));
+}
+
+/// The shard of this thread's allocation at `addr`, if remembered.
+#[inline]
+pub(crate) fn owner_get(addr: u64) -> Option<usize> {
+    OWNER.with(|o| {
+        let (a, k) = o[owner_slot(addr)].get();
+        (a == addr).then_some(k as usize)
+    })
+}
+
 /// Stream → shard, assigned round-robin as streams first appear (on the
 /// device; the fast path uses the thread-local hint).
 pub(crate) struct Router<S> {
@@ -537,28 +580,18 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
                 sh.mirror_dirty = false;
             }
         }
-        let set_aside = shards.iter().flatten().any(|sh| !sh.full.is_empty());
-        if set_aside || !self.logs.is_empty() {
-            // entries left by a flush or set aside come first: all go
-            // through `Pending`, each shard's in their order
-            for (k, sh) in shards.iter_mut().enumerate() {
-                if let Some(sh) = sh {
-                    self.logs.take(k, &mut sh.full);
-                    self.logs.take(k, &mut sh.log);
-                }
+        // (a flush leaves nothing waiting: every entry is in a shard held)
+        let mut seqs: [&[Entry]; 2 * SHARDS] = [&[]; 2 * SHARDS];
+        for (pair, sh) in seqs.chunks_mut(2).zip(shards.iter()) {
+            if let Some(sh) = sh {
+                pair[0] = &sh.full;
+                pair[1] = &sh.log;
             }
-            self.logs.replay(&mut self.stats, u64::MAX);
-        } else {
-            let mut logs: [&[Entry]; SHARDS] = [&[]; SHARDS];
-            for (k, sh) in shards.iter().enumerate() {
-                if let Some(sh) = sh {
-                    logs[k] = &sh.log;
-                }
-            }
-            replay(&mut self.stats, &logs, u64::MAX);
-            for sh in shards.iter_mut().flatten() {
-                sh.log.clear();
-            }
+        }
+        replay(&mut self.stats, &seqs);
+        for sh in shards.iter_mut().flatten() {
+            sh.full.clear();
+            sh.log.clear();
         }
         // (with no shard held, e.g. while the fast path is off, every part
         // is here already and the sets are in order)
@@ -618,7 +651,6 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
         G: std::ops::DerefMut<Target = Shard<B::Stream>>,
     {
         debug_assert_eq!(shards.len(), SHARDS);
-        debug_assert!(self.logs.is_empty());
         if !self.fast_ok() {
             // Every part stays here (the device path then takes no shard
             // lock at all): the shards held were checked in and hold

@@ -18,14 +18,17 @@
 //!
 //! The device replays everything at check-in (every shard held: the stats
 //! are exact for the engine's own code). A log that fills up
-//! ([`LOG_CAP`]) is set aside and offered to the device; taking logs out
-//! does not stop the other shards (`CachingAllocator::flush_held`): each
-//! shard's logs are swapped out under its lock in turn, and only the
-//! entries stamped before the first swap are replayed, since later ones of
-//! the shards swapped first are still to come; the rest wait in [`Pending`].
+//! ([`LOG_CAP`]) is set aside and offered to the device; a flush
+//! (`CachingAllocator::flush_held`) holds every shard's lock at once, for
+//! as long as it takes to swap their logs for empty ones ([`Flush`]), and
+//! replays them after letting go: every entry swapped out was logged
+//! before any entry logged after, so nothing is left waiting. The replay
+//! goes through the cheap form of the stats ([`FastStats`]) when it has
+//! more than a few entries, and applies a run of one log's entries at a
+//! time, for as long as they come before every other log's head.
 #![forbid(unsafe_code)]
 
-use crate::engine::accounting::StatSink;
+use crate::engine::accounting::{FastStats, StatSink};
 use crate::engine::shard::SHARDS;
 use crate::stats::{DeviceStats, StatType};
 
@@ -171,134 +174,137 @@ pub(crate) fn now() -> u64 {
     CLOCK.fetch_add(1, Ordering::Relaxed)
 }
 
-/// The device's side of the logs: each shard's entries taken out and not
-/// yet replayed, in their order.
-pub(crate) struct Pending {
-    logs: Vec<Vec<Entry>>,
-    /// Empty logs of [`LOG_CAP`] capacity, swapped for a shard's.
-    spare: Vec<Entry>,
-    spare2: Vec<Entry>,
+/// The device's side of a flush: the logs swapped out of the shards, and
+/// empty logs of [`LOG_CAP`] capacity to swap in (made on the first
+/// flushes, then reused: the fast path never allocates).
+pub(crate) struct Flush {
+    /// Per shard, its set-aside log and its log, as swapped out.
+    out: Vec<[Vec<Entry>; 2]>,
+    /// Empty logs of `LOG_CAP` capacity.
+    spares: Vec<Vec<Entry>>,
 }
 
-impl Default for Pending {
+impl Default for Flush {
     fn default() -> Self {
         Self {
-            logs: (0..SHARDS).map(|_| Vec::new()).collect(),
-            spare: Vec::with_capacity(LOG_CAP),
-            spare2: Vec::with_capacity(LOG_CAP),
+            out: (0..SHARDS).map(|_| [Vec::new(), Vec::new()]).collect(),
+            spares: Vec::new(),
         }
     }
 }
 
-impl Pending {
-    /// Swaps a shard's logs (its lock held; `full`, the one set aside,
-    /// then `log`) for empty ones of the same capacity;
-    /// [`Self::keep_swapped`] files what they held.
+impl Flush {
+    /// An empty log of `LOG_CAP` capacity.
+    fn spare(&mut self) -> Vec<Entry> {
+        self.spares
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(LOG_CAP))
+    }
+
+    /// Swaps shard `k`'s logs (its lock held; `full`, the one set aside,
+    /// then `log`) for empty ones of the same capacity.
     #[inline]
-    pub(crate) fn swap(&mut self, full: &mut Vec<Entry>, log: &mut Vec<Entry>) {
-        debug_assert!(self.spare.is_empty() && self.spare.capacity() >= LOG_CAP);
-        debug_assert!(self.spare2.is_empty() && self.spare2.capacity() >= LOG_CAP);
+    pub(crate) fn swap(&mut self, k: usize, full: &mut Vec<Entry>, log: &mut Vec<Entry>) {
+        debug_assert!(self.out[k].iter().all(Vec::is_empty));
         if !full.is_empty() {
-            std::mem::swap(full, &mut self.spare2);
+            let e = self.spare();
+            self.out[k][0] = std::mem::replace(full, e);
         }
-        std::mem::swap(log, &mut self.spare);
-    }
-
-    /// Files the entries of the logs swapped out last as shard `k`'s, in
-    /// their order (no shard lock needed).
-    #[inline]
-    pub(crate) fn keep_swapped(&mut self, k: usize) {
-        self.logs[k].extend_from_slice(&self.spare2);
-        self.logs[k].extend_from_slice(&self.spare);
-        self.spare2.clear();
-        self.spare.clear();
-    }
-
-    /// Takes shard `k`'s log (its lock held) in full.
-    pub(crate) fn take(&mut self, k: usize, log: &mut Vec<Entry>) {
         if !log.is_empty() {
-            self.logs[k].extend_from_slice(log);
-            log.clear();
+            let e = self.spare();
+            self.out[k][1] = std::mem::replace(log, e);
         }
     }
 
-    /// Whether no entry waits.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.logs.iter().all(Vec::is_empty)
-    }
-
-    /// Replays the waiting entries into `stats` ([`replay`]), for as long
-    /// as the next is stamped before `until`; the rest keep waiting.
-    /// Returns how many were replayed.
-    pub(crate) fn replay(&mut self, stats: &mut DeviceStats, until: u64) -> usize {
-        let mut logs: [&[Entry]; SHARDS] = [&[]; SHARDS];
-        for (l, log) in logs.iter_mut().zip(&self.logs) {
-            *l = log;
+    /// Replays every log swapped out ([`replay`]) and keeps them as spares.
+    pub(crate) fn replay(&mut self, stats: &mut DeviceStats) {
+        {
+            let mut seqs: [&[Entry]; 2 * SHARDS] = [&[]; 2 * SHARDS];
+            for (pair, out) in seqs.chunks_mut(2).zip(&self.out) {
+                pair[0] = &out[0];
+                pair[1] = &out[1];
+            }
+            replay(stats, &seqs);
         }
-        let pos = replay(stats, &logs, until);
-        let mut n = 0;
-        for (log, p) in self.logs.iter_mut().zip(pos) {
-            log.drain(..p);
-            n += p;
+        for out in &mut self.out {
+            for log in out {
+                if log.capacity() > 0 {
+                    log.clear();
+                    self.spares.push(std::mem::take(log));
+                }
+            }
         }
-        n
     }
 }
 
-/// Replays shard logs `logs` into `stats`: each shard's entries in their
-/// order, the shards interleaved by stamp (ties: the lower shard first),
-/// for as long as the next entry is stamped before `until` (`u64::MAX`:
-/// everything, as no stamp reaches it). Returns how many of each log were
-/// replayed.
-pub(crate) fn replay(
-    stats: &mut DeviceStats,
-    logs: &[&[Entry]; SHARDS],
-    until: u64,
-) -> [usize; SHARDS] {
-    let mut pos = [0usize; SHARDS];
-    let mut live = [0usize; SHARDS];
-    let mut n_live = 0;
-    for (k, log) in logs.iter().enumerate() {
-        if !log.is_empty() {
-            live[n_live] = k;
-            n_live += 1;
+/// Entries from which a replay goes through a [`FastStats`] (loading and
+/// storing it costs about as much as this many entries save).
+const FAST_REPLAY_MIN: usize = 16;
+
+/// Replays the stat logs `seqs` into `stats`: each log's entries in their
+/// order, the logs interleaved by stamp (ties: the lower index first, so
+/// a shard's set-aside log at `2k` comes before its log at `2k + 1`).
+pub(crate) fn replay(stats: &mut DeviceStats, seqs: &[&[Entry]; 2 * SHARDS]) {
+    let total: usize = seqs.iter().map(|s| s.len()).sum();
+    if total >= FAST_REPLAY_MIN {
+        let mut fast = FastStats::default();
+        fast.load(stats);
+        merge(&mut fast, seqs);
+        fast.store(stats);
+    } else if total > 0 {
+        merge(stats, seqs);
+    }
+}
+
+/// [`replay`] into `sink`: the earliest head (stamp, then index) is
+/// applied, with the entries after it on its log for as long as they come
+/// before every other log's head.
+#[inline]
+fn merge(sink: &mut impl StatSink, seqs: &[&[Entry]; 2 * SHARDS]) {
+    let mut live: [&[Entry]; 2 * SHARDS] = [&[]; 2 * SHARDS];
+    // (stamp, index) of each live log's head, in index order
+    let mut heads = [(0u64, 0usize); 2 * SHARDS];
+    let mut n = 0;
+    for (i, s) in seqs.iter().enumerate() {
+        if let Some(e) = s.first() {
+            live[n] = s;
+            heads[n] = (e.ts, i);
+            n += 1;
         }
     }
-    while n_live > 0 {
-        if n_live == 1 {
-            let k = live[0];
-            let log = logs[k];
-            let mut p = pos[k];
-            while p < log.len() && log[p].ts < until {
-                log[p].rec.apply(stats);
-                p += 1;
-            }
-            pos[k] = p;
-            break;
-        }
-        // the earliest head (the lower shard wins a tie)
+    while n > 1 {
         let mut at = 0;
-        let mut best = logs[live[0]][pos[live[0]]].ts;
-        for (i, &k) in live[1..n_live].iter().enumerate() {
-            let ts = logs[k][pos[k]].ts;
-            if ts < best {
-                best = ts;
-                at = i + 1;
+        let mut second = (u64::MAX, usize::MAX);
+        for j in 1..n {
+            if heads[j] < heads[at] {
+                second = heads[at];
+                at = j;
+            } else if heads[j] < second {
+                second = heads[j];
             }
         }
-        if best >= until {
-            break;
+        let s = live[at];
+        let idx = heads[at].1;
+        let mut p = 0;
+        while p < s.len() && (s[p].ts, idx) < second {
+            s[p].rec.apply(sink);
+            p += 1;
         }
-        let k = live[at];
-        logs[k][pos[k]].rec.apply(stats);
-        pos[k] += 1;
-        if pos[k] == logs[k].len() {
-            // keep `live` in shard order (ties go to the lower shard)
-            live.copy_within(at + 1..n_live, at);
-            n_live -= 1;
+        if p == s.len() {
+            // keep the rest in index order
+            live.copy_within(at + 1..n, at);
+            heads.copy_within(at + 1..n, at);
+            n -= 1;
+        } else {
+            live[at] = &s[p..];
+            heads[at].0 = s[p].ts;
         }
     }
-    pos
+    if n == 1 {
+        for e in live[0] {
+            e.rec.apply(sink);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -339,41 +345,102 @@ mod tests {
         (a.current, a.peak)
     }
 
+    fn seqs<'a>(logs: &[(usize, &'a [Entry])]) -> [&'a [Entry]; 2 * SHARDS] {
+        let mut s: [&[Entry]; 2 * SHARDS] = [&[]; 2 * SHARDS];
+        for &(i, l) in logs {
+            s[i] = l;
+        }
+        s
+    }
+
     #[test]
     fn shards_interleave_by_stamp() {
         // shard 0: +10 at 1, -10 at 4; shard 1: +5 at 2, -5 at 3: the sum
         // peaks at 15 (both live between 2 and 3)
-        let mut p = Pending::default();
-        p.logs[0] = vec![alloc(1, 10), free(4, 10)];
-        p.logs[1] = vec![alloc(2, 5), free(3, 5)];
+        let a = [alloc(1, 10), free(4, 10)];
+        let b = [alloc(2, 5), free(3, 5)];
         let mut s = DeviceStats::default();
-        assert_eq!(p.replay(&mut s, u64::MAX), 4);
+        replay(&mut s, &seqs(&[(1, &a), (3, &b)]));
         assert_eq!(peak(&s), (0, 15));
         // the other order of the same operations: shard 1's before
         // shard 0's, the peak is 10
-        let mut p = Pending::default();
-        p.logs[0] = vec![alloc(3, 10), free(4, 10)];
-        p.logs[1] = vec![alloc(1, 5), free(2, 5)];
+        let a = [alloc(3, 10), free(4, 10)];
+        let b = [alloc(1, 5), free(2, 5)];
         let mut s = DeviceStats::default();
-        p.replay(&mut s, u64::MAX);
+        replay(&mut s, &seqs(&[(1, &a), (3, &b)]));
         assert_eq!(peak(&s), (0, 10));
-        assert!(p.is_empty());
     }
 
     #[test]
-    fn replay_stops_at_the_watermark_and_keeps_each_shards_order() {
-        let mut p = Pending::default();
-        // shard 1's second entry is stamped below the watermark but comes
-        // after one above it: it must wait with it
-        p.logs[0] = vec![alloc(1, 8), alloc(7, 1)];
-        p.logs[1] = vec![alloc(2, 4), free(6, 4), alloc(3, 2)];
+    fn equal_stamps_go_to_the_lower_index() {
+        // a free and an alloc stamped alike: the log at the lower index
+        // first (a shard's set-aside log before its log)
+        let a = [alloc(1, 4), free(5, 4)];
+        let b = [alloc(5, 6)];
         let mut s = DeviceStats::default();
-        assert_eq!(p.replay(&mut s, 5), 2);
-        assert_eq!(peak(&s), (12, 12));
-        assert_eq!(p.logs[0].len(), 1);
-        assert_eq!(p.logs[1].len(), 2);
-        assert_eq!(p.replay(&mut s, u64::MAX), 3);
-        assert_eq!(peak(&s), (11, 12));
+        replay(&mut s, &seqs(&[(0, &a), (1, &b)]));
+        assert_eq!(peak(&s), (6, 6));
+        let mut s = DeviceStats::default();
+        replay(&mut s, &seqs(&[(0, &b), (1, &a)]));
+        assert_eq!(peak(&s), (6, 10));
+    }
+
+    /// The merge (runs of one log, through [`FastStats`] or not) gives the
+    /// stats of applying every entry one by one in (stamp, index) order.
+    #[test]
+    fn merge_matches_one_by_one_in_stamp_order() {
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        for round in 0..300 {
+            let nlogs = 1 + (next() % 6) as usize;
+            let per = if round % 2 == 0 { 3 } else { 60 };
+            let mut logs: Vec<(usize, Vec<Entry>)> = Vec::new();
+            let mut used = [false; 2 * SHARDS];
+            for _ in 0..nlogs {
+                let idx = (next() % (2 * SHARDS as u64)) as usize;
+                if std::mem::replace(&mut used[idx], true) {
+                    continue;
+                }
+                let mut ts = 1 + next() % 5;
+                let mut live: Vec<u64> = Vec::new();
+                let mut log = Vec::new();
+                for _ in 0..(next() % per) {
+                    // stamps rise on a log, with ties across logs
+                    ts += next() % 3;
+                    if !live.is_empty() && next() % 2 == 0 {
+                        let size = live.swap_remove((next() as usize) % live.len());
+                        log.push(free(ts, size));
+                    } else {
+                        let size = 1 + next() % 50;
+                        live.push(size);
+                        log.push(alloc(ts, size));
+                    }
+                    ts += 1;
+                }
+                logs.push((idx, log));
+            }
+            let refs: Vec<(usize, &[Entry])> =
+                logs.iter().map(|(i, l)| (*i, l.as_slice())).collect();
+            let mut got = DeviceStats::default();
+            replay(&mut got, &seqs(&refs));
+            let mut all: Vec<(u64, usize, usize, Entry)> = Vec::new();
+            for (i, l) in &logs {
+                for (p, e) in l.iter().enumerate() {
+                    all.push((e.ts, *i, p, *e));
+                }
+            }
+            all.sort_by_key(|&(ts, i, p, _)| (ts, i, p));
+            let mut want = DeviceStats::default();
+            for (_, _, _, e) in &all {
+                e.rec.apply(&mut want);
+            }
+            assert_eq!(got, want, "round {round}");
+        }
     }
 
     #[test]
@@ -384,19 +451,32 @@ mod tests {
     }
 
     #[test]
-    fn a_swapped_log_keeps_its_capacity() {
-        let mut p = Pending::default();
+    fn a_swapped_log_keeps_its_capacity_and_is_replayed_once() {
+        let mut f = Flush::default();
         let mut full = Vec::with_capacity(LOG_CAP);
         full.push(alloc(1, 3));
         let mut log = Vec::with_capacity(LOG_CAP);
         log.push(alloc(2, 4));
-        p.swap(&mut full, &mut log);
+        f.swap(2, &mut full, &mut log);
         assert!(log.is_empty() && log.capacity() >= LOG_CAP);
         assert!(full.is_empty() && full.capacity() >= LOG_CAP);
-        p.keep_swapped(2);
-        // the log set aside first
-        assert_eq!(p.logs[2].iter().map(|e| e.ts).collect::<Vec<_>>(), [1, 2]);
-        assert!(p.spare.capacity() >= LOG_CAP && p.spare.is_empty());
-        assert!(p.spare2.capacity() >= LOG_CAP && p.spare2.is_empty());
+        let mut s = DeviceStats::default();
+        f.replay(&mut s);
+        assert_eq!(peak(&s), (7, 7));
+        // the logs swapped out are spares now, and replayed only once
+        assert_eq!(f.spares.len(), 2);
+        assert!(
+            f.spares
+                .iter()
+                .all(|l| l.is_empty() && l.capacity() >= LOG_CAP)
+        );
+        f.replay(&mut s);
+        assert_eq!(peak(&s), (7, 7));
+        // a swap takes its empty logs from the spares
+        log.push(free(3, 4));
+        f.swap(2, &mut full, &mut log);
+        assert_eq!(f.spares.len(), 1);
+        f.replay(&mut s);
+        assert_eq!(peak(&s), (3, 7));
     }
 }

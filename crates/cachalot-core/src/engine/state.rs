@@ -125,7 +125,7 @@ pub(crate) struct Inner<B: Backend> {
     /// The shards holding anything (held by the device path).
     pub(super) occupied: u32,
     /// The shards' stat log entries taken out and not yet replayed.
-    pub(super) logs: crate::engine::stat_log::Pending,
+    pub(super) logs: crate::engine::stat_log::Flush,
     /// How far cachalot's expandable mode lets reserved memory pass the
     /// allocated peak before pages recycle.
     pub(super) recycling: crate::engine::expandable::Recycling,
