@@ -304,7 +304,7 @@ impl DeviceStats {
 
     /// The stat array `arr` names.
     #[inline(always)]
-    fn array_mut(&mut self, arr: Arr) -> &mut crate::stats::StatArray {
+    pub(crate) fn array_mut(&mut self, arr: Arr) -> &mut crate::stats::StatArray {
         match arr {
             Arr::Allocation => &mut self.allocation,
             Arr::Active => &mut self.active,
@@ -371,7 +371,7 @@ mod tests {
             assert_eq!(copy, dev, "load then store is the identity");
             for _ in 0..200 {
                 let arr = ARRS[(next() % 7) as usize];
-                let st = if next() % 2 == 0 {
+                let st = if next().is_multiple_of(2) {
                     StatType::SmallPool
                 } else {
                     StatType::LargePool
@@ -384,7 +384,7 @@ mod tests {
                         fast.dec(arr, st, n);
                     }
                     1 => {
-                        let d = if next() % 2 == 0 { 1 } else { -1 };
+                        let d = if next().is_multiple_of(2) { 1 } else { -1 };
                         if d > 0 || dev.oversize_allocations.current > 0 {
                             dev.oversize(d);
                             fast.oversize(d);

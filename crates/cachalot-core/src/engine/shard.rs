@@ -321,7 +321,7 @@ impl<S: Copy + Ord> Shard<S> {
             return;
         }
         debug_assert!(self.log.len() < LOG_CAP);
-        self.log.push(Entry { ts: now(), rec });
+        self.log.push(Entry::of(&rec, now()));
     }
 }
 

@@ -2,19 +2,20 @@
 //! write on the fast path (`docs/design-shards.md`, "Session 9").
 //!
 //! A fast operation (a hit, a plain free) does not touch the device's
-//! [`DeviceStats`]: it appends its stat transitions ([`Rec`], a few words)
-//! to its shard's log, stamped with the time ([`now`]). The device replays
-//! the logs into its stats through the engine's own transitions (the
-//! [`StatSink`] of [`DeviceStats`]), each shard's entries in their order
-//! and the shards interleaved by their stamps, so every current, every
-//! cumulative count and every peak is what the unsharded engine would have
-//! computed for that order of the operations. The order is real time: a
-//! stamp is taken under the shard's lock, from the monotonic clock, so an
-//! operation that ends before another begins has the smaller stamp
-//! (operations that overlap may be put in either order: both orders are
-//! possible histories). While one shard alone is out (`FastView::solo`)
-//! no other shard can change a stat, and the shard writes a copy of the
-//! stats directly instead (`Shard::mirror`): no log, no stamp.
+//! [`DeviceStats`]: it appends its stat changes to its shard's log, one
+//! signed delta per kind of stat ([`Entry`], 40 bytes, made by the engine's
+//! own transitions through a [`StatSink`]), stamped with the time
+//! ([`now`]). The device replays the logs into its stats, each shard's
+//! entries in their order and the shards interleaved by their stamps, so
+//! every current, every cumulative count and every peak is what the
+//! unsharded engine would have computed for that order of the operations.
+//! The order is real time: a stamp is taken under the shard's lock, from
+//! the monotonic clock, so an operation that ends before another begins has
+//! the smaller stamp (operations that overlap may be put in either order:
+//! both orders are possible histories). While one shard alone is out
+//! (`FastView::solo`) no other shard can change a stat, and the shard
+//! writes a copy of the stats directly instead (`Shard::mirror`): no log,
+//! no stamp.
 //!
 //! The device replays everything at check-in (every shard held: the stats
 //! are exact for the engine's own code). A log that fills up
@@ -22,13 +23,14 @@
 //! (`CachingAllocator::flush_held`) holds every shard's lock at once, for
 //! as long as it takes to swap their logs for empty ones ([`Flush`]), and
 //! replays them after letting go: every entry swapped out was logged
-//! before any entry logged after, so nothing is left waiting. The replay
-//! goes through the cheap form of the stats ([`FastStats`]) when it has
-//! more than a few entries, and applies a run of one log's entries at a
-//! time, for as long as they come before every other log's head.
+//! before any entry logged after, so nothing is left waiting. A replay of
+//! more than a few entries adds them up per kind of change ([`Window`]:
+//! running sums and their highest values, folded into the stats once), and
+//! takes a run of one log's entries at a time, for as long as they come
+//! before every other log's head.
 #![forbid(unsafe_code)]
 
-use crate::engine::accounting::{FastStats, StatSink};
+use crate::engine::accounting::{Arr, StatSink};
 use crate::engine::shard::SHARDS;
 use crate::stats::{DeviceStats, StatType};
 
@@ -61,13 +63,78 @@ impl Rec {
     }
 }
 
-/// A log entry: a fast operation's transitions and its time stamp.
-#[derive(Clone, Copy, Debug)]
+/// A log entry: a fast operation's stat changes, one signed delta per kind
+/// of stat it changes (a fast operation changes each stat at most once, and
+/// `allocation` and `active`, `allocated_bytes` and `active_bytes` alike),
+/// with its time stamp: 40 bytes, written by the shard ([`Entry::of`], the
+/// engine's own transitions) so that the device's replay only adds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Entry {
     /// The time stamp, [`now`].
     pub ts: u64,
-    /// What the operation changed.
-    pub rec: Rec,
+    /// The change of `allocated_bytes` and of `active_bytes`.
+    pub bytes: i64,
+    /// The change of `requested_bytes`.
+    pub requested: i64,
+    /// The change of `inactive_split_bytes`.
+    pub split_bytes: i64,
+    /// The change of `inactive_split`.
+    pub split_count: i32,
+    /// The change of `allocation` and of `active`.
+    pub count: i8,
+    /// The change of `oversize_allocations`.
+    pub oversize: i8,
+    /// The pool kind ([`StatType`] as a number: 1 small, 2 large).
+    pub pool: u8,
+}
+
+impl Entry {
+    /// The entry of the transitions `rec`, stamped `ts`.
+    #[inline(always)]
+    pub(crate) fn of(rec: &Rec, ts: u64) -> Self {
+        let mut d = DeltaSink(Entry {
+            ts,
+            ..Entry::default()
+        });
+        rec.apply(&mut d);
+        d.0
+    }
+}
+
+/// Records each transition as its stat's delta ([`Entry::of`]).
+struct DeltaSink(Entry);
+
+impl DeltaSink {
+    #[inline(always)]
+    fn set(&mut self, arr: Arr, st: StatType, d: i64) {
+        let e = &mut self.0;
+        debug_assert!(st != StatType::Aggregate);
+        e.pool = st as u8;
+        match arr {
+            Arr::Allocation => e.count = d as i8,
+            Arr::Active => debug_assert_eq!(d, e.count as i64, "active moves with allocation"),
+            Arr::AllocatedBytes => e.bytes = d,
+            Arr::ActiveBytes => debug_assert_eq!(d, e.bytes, "active bytes move with allocated"),
+            Arr::RequestedBytes => e.requested = d,
+            Arr::InactiveSplit => e.split_count = d as i32,
+            Arr::InactiveSplitBytes => e.split_bytes = d,
+        }
+    }
+}
+
+impl StatSink for DeltaSink {
+    #[inline(always)]
+    fn inc(&mut self, arr: Arr, st: StatType, n: i64) {
+        self.set(arr, st, n)
+    }
+    #[inline(always)]
+    fn dec(&mut self, arr: Arr, st: StatType, n: i64) {
+        self.set(arr, st, -n)
+    }
+    #[inline(always)]
+    fn oversize(&mut self, d: i64) {
+        self.0.oversize = d as i8;
+    }
 }
 
 /// The stat transitions of a hit.
@@ -237,57 +304,223 @@ impl Flush {
     }
 }
 
-/// Entries from which a replay goes through a [`FastStats`] (loading and
-/// storing it costs about as much as this many entries save).
-const FAST_REPLAY_MIN: usize = 16;
-
 /// Replays the stat logs `seqs` into `stats`: each log's entries in their
 /// order, the logs interleaved by stamp (ties: the lower index first, so
 /// a shard's set-aside log at `2k` comes before its log at `2k + 1`).
 pub(crate) fn replay(stats: &mut DeviceStats, seqs: &[&[Entry]; 2 * SHARDS]) {
     let total: usize = seqs.iter().map(|s| s.len()).sum();
-    if total >= FAST_REPLAY_MIN {
-        let mut fast = FastStats::default();
-        fast.load(stats);
-        merge(&mut fast, seqs);
-        fast.store(stats);
+    if total >= WINDOW_MIN {
+        let mut w = Window::default();
+        merge(&mut w, seqs);
+        w.fold(stats);
     } else if total > 0 {
         merge(stats, seqs);
     }
 }
 
+/// Entries from which a replay sums them in a [`Window`] (setting one up
+/// and folding it costs about as much as this many entries applied one by
+/// one save).
+const WINDOW_MIN: usize = 16;
+
+/// Where the merge puts the entries, in replay order.
+trait Apply {
+    fn add(&mut self, e: &Entry);
+}
+
+impl Apply for DeviceStats {
+    /// The entry's deltas, each to "all" and its pool kind.
+    #[inline(always)]
+    fn add(&mut self, e: &Entry) {
+        let st = if e.pool == 1 {
+            StatType::SmallPool
+        } else {
+            StatType::LargePool
+        };
+        for (arr, kind) in ARR_KIND {
+            let d = match kind {
+                0 => e.count as i64,
+                1 => e.bytes,
+                2 => e.requested,
+                3 => e.split_count as i64,
+                _ => e.split_bytes,
+            };
+            self.array_mut(arr).update(st, d);
+        }
+        if e.oversize != 0 {
+            self.oversize_allocations.update(e.oversize as i64);
+        }
+    }
+}
+
+/// One kind of change of one pool kind over a replay: its running sum from
+/// the replay's start, the sum's highest value (from 0, the empty prefix)
+/// and the sum of its increases (that of its decreases is `pos - cur`).
+#[derive(Clone, Copy, Debug, Default)]
+struct Run {
+    cur: i64,
+    max: i64,
+    pos: i64,
+}
+
+/// One kind of change over a replay: a [`Run`] per pool kind `[small,
+/// large]`, and the highest value of their sum (the "all" stat's running
+/// sum, whose other figures are the pools' sums).
+#[derive(Clone, Copy, Debug, Default)]
+struct KindRun {
+    pool: [Run; 2],
+    all_max: i64,
+}
+
+impl KindRun {
+    #[inline(always)]
+    fn inc(&mut self, p: usize, n: i64) {
+        let r = &mut self.pool[p];
+        r.cur += n;
+        r.pos += n;
+        if r.cur > r.max {
+            r.max = r.cur;
+        }
+        let all = self.pool[0].cur + self.pool[1].cur;
+        if all > self.all_max {
+            self.all_max = all;
+        }
+    }
+    #[inline(always)]
+    fn dec(&mut self, p: usize, n: i64) {
+        self.pool[p].cur -= n;
+    }
+    #[inline(always)]
+    fn upd(&mut self, p: usize, d: i64) {
+        if d > 0 {
+            self.inc(p, d)
+        } else {
+            self.dec(p, -d)
+        }
+    }
+}
+
+/// The changes of a replay by kind: 0 `count`, 1 `bytes`, 2 `requested`,
+/// 3 `split_count`, 4 `split_bytes`; and `oversize` (one stat, no pool
+/// kinds). Every stat's value during the replay is its value before plus
+/// its kind's running sum, so its peak is the higher of its peak before and
+/// its value before plus the sum's highest value: the same peak, current
+/// and cumulative counts as applying each entry's transitions in turn.
+#[derive(Debug, Default)]
+struct Window {
+    kinds: [KindRun; 5],
+    oversize: Run,
+}
+
+/// The [`Arr`] arrays and the kind of change each follows.
+const ARR_KIND: [(Arr, usize); 7] = [
+    (Arr::Allocation, 0),
+    (Arr::Active, 0),
+    (Arr::AllocatedBytes, 1),
+    (Arr::ActiveBytes, 1),
+    (Arr::RequestedBytes, 2),
+    (Arr::InactiveSplit, 3),
+    (Arr::InactiveSplitBytes, 4),
+];
+
+impl Apply for Window {
+    /// The next entry in replay order.
+    #[inline(always)]
+    fn add(&mut self, e: &Entry) {
+        debug_assert!(e.pool == 1 || e.pool == 2);
+        let p = (e.pool != 1) as usize;
+        let k = &mut self.kinds;
+        if e.count > 0 {
+            // a hit: the count, bytes and request rise
+            debug_assert!(e.bytes >= 0 && e.requested >= 0);
+            k[0].inc(p, 1);
+            k[1].inc(p, e.bytes);
+            k[2].inc(p, e.requested);
+        } else {
+            // a free: they fall
+            debug_assert!(e.count == -1 && e.bytes <= 0 && e.requested <= 0);
+            k[0].dec(p, 1);
+            k[1].dec(p, -e.bytes);
+            k[2].dec(p, -e.requested);
+        }
+        k[3].upd(p, e.split_count as i64);
+        k[4].upd(p, e.split_bytes);
+        if e.oversize != 0 {
+            let r = &mut self.oversize;
+            let d = e.oversize as i64;
+            r.cur += d;
+            r.pos += d.max(0);
+            r.max = r.max.max(r.cur);
+        }
+    }
+}
+
+impl Window {
+    /// Writes the replay's changes to `stats`.
+    fn fold(&self, stats: &mut DeviceStats) {
+        fn fold_one(s: &mut crate::stats::Stat, cur: i64, max: i64, pos: i64) {
+            s.peak = s.peak.max(s.current + max);
+            s.current += cur;
+            s.allocated += pos;
+            s.freed += pos - cur;
+        }
+        for (arr, kind) in ARR_KIND {
+            let k = &self.kinds[kind];
+            let [all, small, large] = &mut stats.array_mut(arr).0;
+            for (s, r) in [small, large].into_iter().zip(&k.pool) {
+                fold_one(s, r.cur, r.max, r.pos);
+            }
+            let (a, b) = (&k.pool[0], &k.pool[1]);
+            fold_one(all, a.cur + b.cur, k.all_max, a.pos + b.pos);
+        }
+        let o = &self.oversize;
+        fold_one(&mut stats.oversize_allocations, o.cur, o.max, o.pos);
+    }
+}
+
+/// Bits of a merge key below the stamp: the log's index (`2 * SHARDS`
+/// logs).
+const IDX_BITS: u32 = (2 * SHARDS).trailing_zeros();
+
+/// The merge key of a log's head: stamp, then index, in one word (a stamp
+/// is below 2^59 for 18 years of a process; later ones compare as equal,
+/// and then by index).
+#[inline(always)]
+fn key(ts: u64, idx: usize) -> u64 {
+    (ts.min(u64::MAX >> IDX_BITS) << IDX_BITS) | idx as u64
+}
+
 /// [`replay`] into `sink`: the earliest head (stamp, then index) is
 /// applied, with the entries after it on its log for as long as they come
-/// before every other log's head.
+/// before every other log's head (the heads are compared without a branch:
+/// under threads they interleave at random).
 #[inline]
-fn merge(sink: &mut impl StatSink, seqs: &[&[Entry]; 2 * SHARDS]) {
+fn merge(w: &mut impl Apply, seqs: &[&[Entry]; 2 * SHARDS]) {
+    const _: () = assert!((2 * SHARDS).is_power_of_two());
     let mut live: [&[Entry]; 2 * SHARDS] = [&[]; 2 * SHARDS];
-    // (stamp, index) of each live log's head, in index order
-    let mut heads = [(0u64, 0usize); 2 * SHARDS];
+    // each live log's head key, in index order
+    let mut heads = [0u64; 2 * SHARDS];
     let mut n = 0;
     for (i, s) in seqs.iter().enumerate() {
         if let Some(e) = s.first() {
             live[n] = s;
-            heads[n] = (e.ts, i);
+            heads[n] = key(e.ts, i);
             n += 1;
         }
     }
     while n > 1 {
-        let mut at = 0;
-        let mut second = (u64::MAX, usize::MAX);
-        for j in 1..n {
-            if heads[j] < heads[at] {
-                second = heads[at];
-                at = j;
-            } else if heads[j] < second {
-                second = heads[j];
-            }
+        let (mut at, mut best, mut second) = (0, heads[0], u64::MAX);
+        for (j, &h) in heads.iter().enumerate().take(n).skip(1) {
+            let lt = h < best;
+            second = if lt { best } else { second.min(h) };
+            at = if lt { j } else { at };
+            best = if lt { h } else { best };
         }
         let s = live[at];
-        let idx = heads[at].1;
+        let idx = (best & ((1 << IDX_BITS) - 1)) as usize;
         let mut p = 0;
-        while p < s.len() && (s[p].ts, idx) < second {
-            s[p].rec.apply(sink);
+        while p < s.len() && key(s[p].ts, idx) < second {
+            w.add(&s[p]);
             p += 1;
         }
         if p == s.len() {
@@ -297,12 +530,12 @@ fn merge(sink: &mut impl StatSink, seqs: &[&[Entry]; 2 * SHARDS]) {
             n -= 1;
         } else {
             live[at] = &s[p..];
-            heads[at].0 = s[p].ts;
+            heads[at] = key(s[p].ts, idx);
         }
     }
     if n == 1 {
         for e in live[0] {
-            e.rec.apply(sink);
+            w.add(e);
         }
     }
 }
@@ -311,33 +544,35 @@ fn merge(sink: &mut impl StatSink, seqs: &[&[Entry]; 2 * SHARDS]) {
 mod tests {
     use super::*;
 
+    fn alloc_rec(size: u64) -> Rec {
+        Rec::Alloc(AllocTransitions {
+            st: StatType::LargePool,
+            split: false,
+            already_split: false,
+            block_size: size,
+            rounded: size,
+            requested: size,
+            oversize: false,
+        })
+    }
+
+    fn free_rec(size: u64) -> Rec {
+        Rec::Free(FreeTransitions {
+            st: StatType::LargePool,
+            size,
+            oversize: false,
+            requested: size,
+            split_count: 0,
+            split_bytes: 0,
+        })
+    }
+
     fn alloc(ts: u64, size: u64) -> Entry {
-        Entry {
-            ts,
-            rec: Rec::Alloc(AllocTransitions {
-                st: StatType::LargePool,
-                split: false,
-                already_split: false,
-                block_size: size,
-                rounded: size,
-                requested: size,
-                oversize: false,
-            }),
-        }
+        Entry::of(&alloc_rec(size), ts)
     }
 
     fn free(ts: u64, size: u64) -> Entry {
-        Entry {
-            ts,
-            rec: Rec::Free(FreeTransitions {
-                st: StatType::LargePool,
-                size,
-                oversize: false,
-                requested: size,
-                split_count: 0,
-                split_bytes: 0,
-            }),
-        }
+        Entry::of(&free_rec(size), ts)
     }
 
     fn peak(s: &DeviceStats) -> (i64, i64) {
@@ -383,12 +618,55 @@ mod tests {
         let mut s = DeviceStats::default();
         replay(&mut s, &seqs(&[(0, &b), (1, &a)]));
         assert_eq!(peak(&s), (6, 10));
+        // (the same, the log with the earliest head the higher index)
+        let mut s = DeviceStats::default();
+        replay(&mut s, &seqs(&[(1, &b), (2, &a)]));
+        assert_eq!(peak(&s), (6, 10));
     }
 
-    /// The merge (runs of one log, through [`FastStats`] or not) gives the
-    /// stats of applying every entry one by one in (stamp, index) order.
+    /// A random fast operation's transitions, as the shard makes them (a
+    /// free of a split block may merge with its neighbours), of `size`
+    /// bytes in pool kind `st`; `Err` when nothing of that kind was live.
+    fn random_rec(next: &mut impl FnMut() -> u64, live: &mut Vec<(StatType, u64, bool)>) -> Rec {
+        if !live.is_empty() && next().is_multiple_of(2) {
+            let (st, size, oversize) = live.swap_remove((next() as usize) % live.len());
+            let merged = (next() % 3) as i64;
+            return Rec::Free(FreeTransitions {
+                st,
+                size,
+                oversize,
+                requested: size - size / 4,
+                // merged neighbours, the result itself a split block or not
+                split_count: 1 - merged - (next() % 2) as i64 * (merged > 0) as i64,
+                split_bytes: size as i64 - (next() % 64) as i64 * merged,
+            });
+        }
+        let st = if next().is_multiple_of(2) {
+            StatType::SmallPool
+        } else {
+            StatType::LargePool
+        };
+        let block_size = 512 * (1 + next() % 64);
+        let split = next().is_multiple_of(2) && block_size > 512;
+        let rounded = if split { block_size / 2 } else { block_size };
+        let oversize = next().is_multiple_of(8);
+        live.push((st, rounded, oversize));
+        Rec::Alloc(AllocTransitions {
+            st,
+            split,
+            already_split: next().is_multiple_of(2),
+            block_size,
+            rounded,
+            requested: rounded - next() % 256,
+            oversize,
+        })
+    }
+
+    /// The replay (the merge by runs, the window of sums) gives the stats
+    /// of applying each operation's transitions one by one, in (stamp,
+    /// index) order, from a device state with history.
     #[test]
-    fn merge_matches_one_by_one_in_stamp_order() {
+    fn replay_matches_the_transitions_one_by_one_in_stamp_order() {
         let mut rng = 0x2545_f491_4f6c_dd1du64;
         let mut next = move || {
             rng ^= rng << 13;
@@ -396,50 +674,68 @@ mod tests {
             rng ^= rng << 17;
             rng
         };
-        for round in 0..300 {
+        let mut start = DeviceStats::default();
+        for st in [StatType::SmallPool, StatType::LargePool] {
+            // enough of everything for the frees below, and peaks above
+            for arr in [
+                Arr::Allocation,
+                Arr::Active,
+                Arr::AllocatedBytes,
+                Arr::ActiveBytes,
+                Arr::RequestedBytes,
+                Arr::InactiveSplit,
+                Arr::InactiveSplitBytes,
+            ] {
+                start.inc(arr, st, 1 << 40);
+                start.dec(arr, st, 1 << 20);
+            }
+        }
+        start.oversize(1 << 30);
+        for round in 0..400 {
             let nlogs = 1 + (next() % 6) as usize;
-            let per = if round % 2 == 0 { 3 } else { 60 };
-            let mut logs: Vec<(usize, Vec<Entry>)> = Vec::new();
+            let per = [2, 5, 60][round % 3];
+            let mut logs: Vec<(usize, Vec<(Entry, Rec)>)> = Vec::new();
             let mut used = [false; 2 * SHARDS];
+            let mut live = Vec::new();
             for _ in 0..nlogs {
                 let idx = (next() % (2 * SHARDS as u64)) as usize;
                 if std::mem::replace(&mut used[idx], true) {
                     continue;
                 }
                 let mut ts = 1 + next() % 5;
-                let mut live: Vec<u64> = Vec::new();
                 let mut log = Vec::new();
                 for _ in 0..(next() % per) {
                     // stamps rise on a log, with ties across logs
                     ts += next() % 3;
-                    if !live.is_empty() && next() % 2 == 0 {
-                        let size = live.swap_remove((next() as usize) % live.len());
-                        log.push(free(ts, size));
-                    } else {
-                        let size = 1 + next() % 50;
-                        live.push(size);
-                        log.push(alloc(ts, size));
-                    }
+                    let rec = random_rec(&mut next, &mut live);
+                    log.push((Entry::of(&rec, ts), rec));
                     ts += 1;
                 }
                 logs.push((idx, log));
             }
+            let entries: Vec<(usize, Vec<Entry>)> = logs
+                .iter()
+                .map(|(i, l)| (*i, l.iter().map(|(e, _)| *e).collect()))
+                .collect();
             let refs: Vec<(usize, &[Entry])> =
-                logs.iter().map(|(i, l)| (*i, l.as_slice())).collect();
-            let mut got = DeviceStats::default();
+                entries.iter().map(|(i, l)| (*i, l.as_slice())).collect();
+            let mut got = start.clone();
             replay(&mut got, &seqs(&refs));
-            let mut all: Vec<(u64, usize, usize, Entry)> = Vec::new();
+            let mut all: Vec<(u64, usize, usize, Rec)> = Vec::new();
             for (i, l) in &logs {
-                for (p, e) in l.iter().enumerate() {
-                    all.push((e.ts, *i, p, *e));
+                for (p, (e, r)) in l.iter().enumerate() {
+                    all.push((e.ts, *i, p, *r));
                 }
             }
             all.sort_by_key(|&(ts, i, p, _)| (ts, i, p));
-            let mut want = DeviceStats::default();
-            for (_, _, _, e) in &all {
-                e.rec.apply(&mut want);
+            let mut want = start.clone();
+            for (_, _, _, r) in &all {
+                r.apply(&mut want);
             }
             assert_eq!(got, want, "round {round}");
+            if round % 50 == 49 {
+                start.reset_peak();
+            }
         }
     }
 
