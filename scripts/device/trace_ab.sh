@@ -31,6 +31,8 @@ fi
 echo "tests: $(( $(date +%s) - S )) s"
 BUILDS="$BUILDS" ROUNDS=$ROUNDS OPS=${OPS:-600000} scripts/device/threads_ceiling.sh >"$OUT/threads-table.txt" 2>&1
 echo "threads: $(( $(date +%s) - S )) s"
+# (the synthetic traces as files, as bench.sh makes them)
+[ -f dist/cuda/traces/hit_1mib.trace ] || python3 dist/cuda/traces/synth_traces.py dist/cuda/traces
 TR=(dist/cuda/traces/*.trace)
 R=$OUT/replay.jsonl; : >"$R"
 tag() { sed -u "s/^{/{\"build\":\"$1\",/"; }
