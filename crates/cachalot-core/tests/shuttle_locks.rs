@@ -82,6 +82,56 @@ fn scenario() {
     assert!(m.live_segments().is_empty(), "a segment was lost");
 }
 
+/// Hits and frees alone on two streams (both shards out, so every
+/// operation is logged and a log of the model's 3 entries fills at once):
+/// flushes on both threads take windows out, sum them with no lock held
+/// and file them in either order, while the main thread's reads must wait
+/// for every window flushed before them.
+fn flushes() {
+    let m = MockConfig::new(64 * MIB).build();
+    let a = Arc::new(CachingAllocator::with_config(m.clone(), AllocatorConfig::default()).unwrap());
+    let (s1, s2) = (m.create_stream(), m.create_stream());
+    // one segment per stream first, so that what follows is all hits
+    for s in [s1, s2] {
+        let p = a.allocate(4096, s).unwrap();
+        a.free(p).unwrap();
+    }
+    let hs: Vec<_> = [s1, s2]
+        .into_iter()
+        .map(|s| {
+            let a = a.clone();
+            shuttle::thread::spawn(move || {
+                for k in 0..8u64 {
+                    let p = a.allocate(512 * (1 + k % 3), s).unwrap();
+                    let q = a.allocate(1024, s).unwrap();
+                    a.free(p).unwrap();
+                    a.free(q).unwrap();
+                }
+            })
+        })
+        .collect();
+    a.check_invariants().unwrap();
+    let mid = a.stats();
+    assert!(mid.allocation.all().current <= 4);
+    for h in hs {
+        h.join().unwrap();
+    }
+    a.check_invariants().unwrap();
+    let st = a.stats();
+    assert_eq!(st.allocation.all().current, 0);
+    assert_eq!(st.allocation.all().allocated, 2 + 2 * 16);
+    assert_eq!(st.allocation.all().freed, 2 + 2 * 16);
+    // two threads with two blocks each at most, and one alone before
+    assert!((2..=4).contains(&st.allocation.all().peak));
+    assert_eq!(st.active_bytes.all().current, 0);
+}
+
+#[test]
+fn flush_schedules() {
+    shuttle::check_random(flushes, 3000);
+    shuttle::check_pct(flushes, 3000, 3);
+}
+
 #[test]
 fn random_schedules() {
     shuttle::check_random(scenario, 3000);

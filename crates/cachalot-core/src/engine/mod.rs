@@ -138,6 +138,9 @@ pub struct CachingAllocator<B: Backend> {
     /// The shard locks; taken after `inner`, in index order, on the device
     /// path; alone on the fast path.
     shards: Box<[ShardLock<B::Stream>]>,
+    /// The flushed windows of stat logs waiting to be folded, and the spare
+    /// logs (a leaf lock: `stat_log::Folds`).
+    folds: Mutex<stat_log::Folds>,
     /// This allocator's key in the thread-local shard hints.
     id: u64,
     /// Whether the fast path is on (set by the device path at every
@@ -272,6 +275,8 @@ impl<B: Backend> CachingAllocator<B> {
         let shards = inner.fast_on.then(|| {
             let mut shards: ShardGuards<'_, B::Stream> = std::array::from_fn(|_| None);
             take_shards(&self.shards, inner.occupied, &mut shards);
+            // the windows flushed before come first
+            self.settle(&mut inner, true);
             inner.check_in(&mut shards[..]);
             shards
         });
@@ -321,6 +326,7 @@ impl<B: Backend> CachingAllocator<B> {
         Ok(Self {
             inner: Mutex::new(inner),
             shards: shards.into_iter().map(|s| Padded(Mutex::new(s))).collect(),
+            folds: Mutex::new(stat_log::Folds::default()),
             id,
             fast: AtomicBool::new(false),
             backend,
@@ -429,48 +435,95 @@ impl<B: Backend> CachingAllocator<B> {
         r
     }
 
-    /// Takes the shards' stat logs out without stopping them together
-    /// (a shard's logs are both full): the device lock, then
-    /// [`Self::flush_held`].
+    /// Takes the shards' stat logs out (a shard's logs are both full): the
+    /// device lock, then [`Self::flush_held`].
     #[cold]
     fn flush_logs(&self) {
         shard::count_path(shard::FLUSH);
-        let mut inner = spin_lock(&self.inner);
-        self.flush_held(&mut inner);
+        self.flush_held(spin_lock(&self.inner));
     }
 
     /// A shard set a full log aside: the device takes the logs out now if
     /// its lock is free, else whoever holds it (or the next flush) will.
     #[cold]
     fn offer_logs(&self) {
-        if let Some(mut inner) = sync::try_lock(&self.inner) {
+        if let Some(inner) = sync::try_lock(&self.inner) {
             shard::count_path(shard::FLUSH);
-            self.flush_held(&mut inner);
+            self.flush_held(inner);
         }
     }
 
     /// With the device lock held: every occupied shard's lock (index order,
     /// as [`Self::lock`]) for as long as it takes to swap its logs for
-    /// empty ones; then, with the shards let go, the logs are replayed in
-    /// full (each entry swapped out was logged before any entry logged
-    /// after: nothing waits, see `stat_log.rs`).
-    fn flush_held(&self, inner: &mut Inner<B>) {
+    /// empty ones, as the next window; then, with every lock let go, the
+    /// window is summed, filed, and folded with the others ready if the
+    /// device lock is free (`stat_log.rs`).
+    fn flush_held(&self, mut inner: MutexGuard<'_, Inner<B>>) {
         if !inner.fast_on {
             return;
         }
+        // empty logs for the swap, taken before the shard locks
+        let mut fresh: [Vec<stat_log::Entry>; 2 * SHARDS] = std::array::from_fn(|_| Vec::new());
+        let n = 2 * inner.occupied.count_ones() as usize;
+        {
+            let mut f = sync::lock(&self.folds);
+            for l in &mut fresh[..n] {
+                *l = f.spare();
+            }
+        }
+        let mut taken: stat_log::Taken = std::array::from_fn(|_| [Vec::new(), Vec::new()]);
+        let mut any = false;
         {
             let mut held: ShardGuards<'_, B::Stream> = std::array::from_fn(|_| None);
             take_shards(&self.shards, inner.occupied, &mut held);
+            let mut next = fresh.iter_mut();
             for (k, g) in held.iter_mut().enumerate() {
-                if let Some(g) = g {
-                    let sh = &mut **g;
-                    inner.logs.swap(k, &mut sh.full, &mut sh.log);
-                    sh.rotated = false;
+                let Some(g) = g else { continue };
+                let sh = &mut **g;
+                sh.rotated = false;
+                for (log, t) in [&mut sh.full, &mut sh.log].into_iter().zip(&mut taken[k]) {
+                    if !log.is_empty() {
+                        let e = next.next().expect("two empty logs per shard held");
+                        std::mem::swap(log, e);
+                        std::mem::swap(e, t);
+                        any = true;
+                    }
                 }
             }
         }
-        let inner = &mut *inner;
-        inner.logs.replay(&mut inner.stats);
+        if !any {
+            sync::lock(&self.folds).give_back(&mut fresh);
+            return;
+        }
+        let window = inner.windows_out;
+        inner.windows_out += 1;
+        drop(inner);
+        let sum = stat_log::summarize(&taken);
+        {
+            let mut f = sync::lock(&self.folds);
+            f.deposit(window, sum);
+            f.give_back(taken.iter_mut().flatten());
+            f.give_back(&mut fresh);
+        }
+        if let Some(mut inner) = sync::try_lock(&self.inner) {
+            self.settle(&mut inner, false);
+        }
+    }
+
+    /// Folds the flushed windows that are ready into the stats, in order;
+    /// with `wait`, every window flushed so far (one still being summed is
+    /// waited for: its flusher holds no lock and needs only `folds`).
+    fn settle(&self, inner: &mut Inner<B>, wait: bool) {
+        loop {
+            {
+                let inner = &mut *inner;
+                sync::lock(&self.folds).fold_ready(&mut inner.windows_folded, &mut inner.stats);
+            }
+            if !wait || inner.windows_folded == inner.windows_out {
+                return;
+            }
+            sync::yield_now();
+        }
     }
 
     /// [`Self::free`] on the device path.

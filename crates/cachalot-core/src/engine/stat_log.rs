@@ -21,13 +21,15 @@
 //! are exact for the engine's own code). A log that fills up
 //! ([`LOG_CAP`]) is set aside and offered to the device; a flush
 //! (`CachingAllocator::flush_held`) holds every shard's lock at once, for
-//! as long as it takes to swap their logs for empty ones ([`Flush`]), and
-//! replays them after letting go: every entry swapped out was logged
-//! before any entry logged after, so nothing is left waiting. A replay of
-//! more than a few entries adds them up per kind of change ([`Window`]:
-//! running sums and their highest values, folded into the stats once), and
-//! takes a run of one log's entries at a time, for as long as they come
-//! before every other log's head.
+//! as long as it takes to swap their logs for empty ones, as one numbered
+//! window: every entry swapped out was logged before any entry logged
+//! after. It sums the window after letting go of every lock ([`Folds`]:
+//! flushes on several threads sum theirs in parallel), and the sums are
+//! folded into the stats in the windows' order. A replay of more than a
+//! few entries adds them up per kind of change ([`Window`]: running sums
+//! and their highest values, folded into the stats once), and takes a run
+//! of one log's entries at a time, for as long as they come before every
+//! other log's head.
 #![forbid(unsafe_code)]
 
 use crate::engine::accounting::{Arr, StatSink};
@@ -241,67 +243,81 @@ pub(crate) fn now() -> u64 {
     CLOCK.fetch_add(1, Ordering::Relaxed)
 }
 
-/// The device's side of a flush: the logs swapped out of the shards, and
-/// empty logs of [`LOG_CAP`] capacity to swap in (made on the first
-/// flushes, then reused: the fast path never allocates).
-pub(crate) struct Flush {
-    /// Per shard, its set-aside log and its log, as swapped out.
-    out: Vec<[Vec<Entry>; 2]>,
-    /// Empty logs of `LOG_CAP` capacity.
+/// The logs a flush swapped out of the shards: per shard, its set-aside
+/// log and its log (empty ones where it had none).
+pub(crate) type Taken = [[Vec<Entry>; 2]; SHARDS];
+
+/// The flushed windows' summaries waiting to be folded into the device's
+/// stats, and the spare logs; behind their own lock
+/// (`CachingAllocator::folds`), a leaf: taken alone or with the device lock
+/// (and shard locks) held, never before another lock.
+///
+/// A flush takes the shards' logs out as one window, numbered in the order
+/// of the flushes (every entry of a window was logged before any entry of
+/// a later one), and summarizes it ([`summarize`]) after letting go of
+/// every lock, so that flushes on several threads sum their windows in
+/// parallel. The windows are folded into the stats in their order: a
+/// window's peaks start from the values the earlier ones left.
+#[derive(Default)]
+pub(crate) struct Folds {
+    /// Summaries not folded yet, with their window numbers.
+    ready: Vec<(u64, Window)>,
+    /// Empty logs of [`LOG_CAP`] capacity.
     spares: Vec<Vec<Entry>>,
 }
 
-impl Default for Flush {
-    fn default() -> Self {
-        Self {
-            out: (0..SHARDS).map(|_| [Vec::new(), Vec::new()]).collect(),
-            spares: Vec::new(),
-        }
-    }
-}
-
-impl Flush {
-    /// An empty log of `LOG_CAP` capacity.
-    fn spare(&mut self) -> Vec<Entry> {
+impl Folds {
+    /// An empty log of `LOG_CAP` capacity (made on the first flushes, then
+    /// reused: the fast path never allocates).
+    pub(crate) fn spare(&mut self) -> Vec<Entry> {
         self.spares
             .pop()
             .unwrap_or_else(|| Vec::with_capacity(LOG_CAP))
     }
 
-    /// Swaps shard `k`'s logs (its lock held; `full`, the one set aside,
-    /// then `log`) for empty ones of the same capacity.
-    #[inline]
-    pub(crate) fn swap(&mut self, k: usize, full: &mut Vec<Entry>, log: &mut Vec<Entry>) {
-        debug_assert!(self.out[k].iter().all(Vec::is_empty));
-        if !full.is_empty() {
-            let e = self.spare();
-            self.out[k][0] = std::mem::replace(full, e);
-        }
-        if !log.is_empty() {
-            let e = self.spare();
-            self.out[k][1] = std::mem::replace(log, e);
+    /// Keeps `logs` (emptied) as spares.
+    pub(crate) fn give_back<'a>(&mut self, logs: impl IntoIterator<Item = &'a mut Vec<Entry>>) {
+        for log in logs {
+            if log.capacity() >= LOG_CAP {
+                log.clear();
+                self.spares.push(std::mem::take(log));
+            }
         }
     }
 
-    /// Replays every log swapped out ([`replay`]) and keeps them as spares.
-    pub(crate) fn replay(&mut self, stats: &mut DeviceStats) {
-        {
-            let mut seqs: [&[Entry]; 2 * SHARDS] = [&[]; 2 * SHARDS];
-            for (pair, out) in seqs.chunks_mut(2).zip(&self.out) {
-                pair[0] = &out[0];
-                pair[1] = &out[1];
-            }
-            replay(stats, &seqs);
-        }
-        for out in &mut self.out {
-            for log in out {
-                if log.capacity() > 0 {
-                    log.clear();
-                    self.spares.push(std::mem::take(log));
-                }
-            }
+    /// Files window `n`'s summary.
+    pub(crate) fn deposit(&mut self, n: u64, w: Window) {
+        self.ready.push((n, w));
+    }
+
+    /// Folds the ready windows into `stats` in their order, from window
+    /// `*next` on, for as long as the next one is ready; `*next` follows.
+    pub(crate) fn fold_ready(&mut self, next: &mut u64, stats: &mut DeviceStats) {
+        while let Some(i) = self.ready.iter().position(|(n, _)| *n == *next) {
+            let (_, w) = self.ready.swap_remove(i);
+            w.fold(stats);
+            *next += 1;
         }
     }
+
+    /// Summaries waiting (for the tests).
+    #[cfg(test)]
+    fn waiting(&self) -> usize {
+        self.ready.len()
+    }
+}
+
+/// The summary of a flushed window's logs: its entries merged in stamp
+/// order (each shard's set-aside log first) and summed in a [`Window`].
+pub(crate) fn summarize(taken: &Taken) -> Window {
+    let mut seqs: [&[Entry]; 2 * SHARDS] = [&[]; 2 * SHARDS];
+    for (pair, t) in seqs.chunks_mut(2).zip(taken) {
+        pair[0] = &t[0];
+        pair[1] = &t[1];
+    }
+    let mut w = Window::default();
+    merge(&mut w, &seqs);
+    w
 }
 
 /// Replays the stat logs `seqs` into `stats`: each log's entries in their
@@ -407,7 +423,7 @@ impl KindRun {
 /// its value before plus the sum's highest value: the same peak, current
 /// and cumulative counts as applying each entry's transitions in turn.
 #[derive(Debug, Default)]
-struct Window {
+pub(crate) struct Window {
     kinds: [KindRun; 5],
     oversize: Run,
 }
@@ -747,32 +763,31 @@ mod tests {
     }
 
     #[test]
-    fn a_swapped_log_keeps_its_capacity_and_is_replayed_once() {
-        let mut f = Flush::default();
-        let mut full = Vec::with_capacity(LOG_CAP);
-        full.push(alloc(1, 3));
-        let mut log = Vec::with_capacity(LOG_CAP);
-        log.push(alloc(2, 4));
-        f.swap(2, &mut full, &mut log);
-        assert!(log.is_empty() && log.capacity() >= LOG_CAP);
-        assert!(full.is_empty() && full.capacity() >= LOG_CAP);
+    fn windows_fold_in_their_order_whatever_order_they_are_filed_in() {
+        // window 0: +10 then -10; window 1: +4; in order the peak is 10,
+        // then 4 on top of the 0 left: 10 again
+        let mut f = Folds::default();
+        let mut t0: Taken = std::array::from_fn(|_| [Vec::new(), Vec::new()]);
+        t0[3][1] = vec![alloc(1, 10), free(2, 10)];
+        let mut t1: Taken = std::array::from_fn(|_| [Vec::new(), Vec::new()]);
+        t1[5][0] = vec![alloc(3, 4)];
+        let (w0, w1) = (summarize(&t0), summarize(&t1));
         let mut s = DeviceStats::default();
-        f.replay(&mut s);
-        assert_eq!(peak(&s), (7, 7));
-        // the logs swapped out are spares now, and replayed only once
-        assert_eq!(f.spares.len(), 2);
-        assert!(
-            f.spares
-                .iter()
-                .all(|l| l.is_empty() && l.capacity() >= LOG_CAP)
-        );
-        f.replay(&mut s);
-        assert_eq!(peak(&s), (7, 7));
-        // a swap takes its empty logs from the spares
-        log.push(free(3, 4));
-        f.swap(2, &mut full, &mut log);
+        let mut next = 0;
+        // window 1 is filed first: nothing folds until window 0 is there
+        f.deposit(1, w1);
+        f.fold_ready(&mut next, &mut s);
+        assert_eq!((next, peak(&s)), (0, (0, 0)));
+        f.deposit(0, w0);
+        f.fold_ready(&mut next, &mut s);
+        assert_eq!((next, peak(&s)), (2, (4, 10)));
+        assert_eq!(f.waiting(), 0);
+        // the logs go back as spares, with their capacity
+        let mut log = f.spare();
+        assert!(log.capacity() >= LOG_CAP);
+        log.push(alloc(9, 1));
+        f.give_back([&mut log, &mut Vec::new()]);
         assert_eq!(f.spares.len(), 1);
-        f.replay(&mut s);
-        assert_eq!(peak(&s), (3, 7));
+        assert!(f.spares[0].is_empty() && f.spares[0].capacity() >= LOG_CAP);
     }
 }

@@ -124,8 +124,12 @@ pub(crate) struct Inner<B: Backend> {
     pub(super) fast_on: bool,
     /// The shards holding anything (held by the device path).
     pub(super) occupied: u32,
-    /// The shards' stat log entries taken out and not yet replayed.
-    pub(super) logs: crate::engine::stat_log::Flush,
+    /// The number the next flushed window of stat logs gets
+    /// (`stat_log::Folds`).
+    pub(super) windows_out: u64,
+    /// The number of the next window to fold into `stats` (all before it
+    /// are folded).
+    pub(super) windows_folded: u64,
     /// How far cachalot's expandable mode lets reserved memory pass the
     /// allocated peak before pages recycle.
     pub(super) recycling: crate::engine::expandable::Recycling,
@@ -154,7 +158,8 @@ impl<B: Backend> Inner<B> {
             ever_expandable: config.expandable_segments,
             fast_on: true,
             occupied: 0,
-            logs: Default::default(),
+            windows_out: 0,
+            windows_folded: 0,
             recycling: Default::default(),
             config,
         }

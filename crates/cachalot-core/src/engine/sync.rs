@@ -50,3 +50,12 @@ pub(crate) fn get_mut<T>(m: &mut Mutex<T>) -> &mut T {
 /// Whether to spin before parking on a contended lock (not under the model
 /// check: every try is a scheduling point there).
 pub(crate) const SPIN: bool = cfg!(not(feature = "shuttle"));
+
+/// Lets other threads run (while waiting for one to finish a step).
+#[inline]
+pub(crate) fn yield_now() {
+    #[cfg(not(feature = "shuttle"))]
+    std::thread::yield_now();
+    #[cfg(feature = "shuttle")]
+    shuttle::thread::yield_now();
+}
