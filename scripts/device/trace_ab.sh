@@ -10,7 +10,8 @@
 #      (scripts/device/threads_ceiling.sh, ROUNDS rounds of OPS ops);
 #   3. the trace replay (dist/cuda/traces/*.trace, warm = median of passes
 #      2-5): ROUNDS rounds, each every build then PyTorch's default mode
-#      (bench/pytorch/torch_replay.cpp), after a discarded warm-up.
+#      (bench/pytorch/torch_replay.cpp), after a discarded warm-up
+#      (REPLAY=0 skips it).
 # Prints per trace the median warm ns/op over the rounds and each build's
 # ratio to PyTorch, and the median ratio over the traces. Logs in $OUT.
 set -u
@@ -31,6 +32,7 @@ fi
 echo "tests: $(( $(date +%s) - S )) s"
 BUILDS="$BUILDS" ROUNDS=$ROUNDS OPS=${OPS:-600000} scripts/device/threads_ceiling.sh >"$OUT/threads-table.txt" 2>&1
 echo "threads: $(( $(date +%s) - S )) s"
+if [ "${REPLAY:-1}" != 1 ]; then tail -n 8 "$OUT/threads-table.txt"; exit 0; fi
 # (the synthetic traces as files, as bench.sh makes them)
 [ -f dist/cuda/traces/hit_1mib.trace ] || python3 dist/cuda/traces/synth_traces.py dist/cuda/traces
 TR=(dist/cuda/traces/*.trace)
