@@ -156,7 +156,7 @@ pub(crate) trait StatSink {
 }
 
 /// The [`Arr`] arrays, in index order.
-const ARRS: [Arr; 7] = [
+pub(crate) const ARRS: [Arr; 7] = [
     Arr::Allocation,
     Arr::Active,
     Arr::AllocatedBytes,
@@ -337,21 +337,26 @@ impl StatSink for DeviceStats {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// A xorshift generator from `seed` (deterministic test inputs).
+    pub(crate) fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+        let mut rng = seed;
+        move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        }
+    }
 
     /// A random walk of fast transitions written to the device's stats and,
     /// from any starting state, to a [`FastStats`] loaded from them: the
     /// stored result is the same in every field.
     #[test]
     fn fast_stats_change_exactly_as_the_device_stats() {
-        let mut rng = 0x1234_5678_9abc_def1u64;
-        let mut next = move || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
+        let mut next = xorshift(0x1234_5678_9abc_def1);
         let mut dev = DeviceStats::default();
         // some history first, resets included, so the offsets are not zero
         for arr in ARRS {

@@ -683,25 +683,11 @@ mod tests {
     /// index) order, from a device state with history.
     #[test]
     fn replay_matches_the_transitions_one_by_one_in_stamp_order() {
-        let mut rng = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
+        let mut next = crate::engine::accounting::tests::xorshift(0x2545_f491_4f6c_dd1d);
         let mut start = DeviceStats::default();
         for st in [StatType::SmallPool, StatType::LargePool] {
             // enough of everything for the frees below, and peaks above
-            for arr in [
-                Arr::Allocation,
-                Arr::Active,
-                Arr::AllocatedBytes,
-                Arr::ActiveBytes,
-                Arr::RequestedBytes,
-                Arr::InactiveSplit,
-                Arr::InactiveSplitBytes,
-            ] {
+            for arr in crate::engine::accounting::ARRS {
                 start.inc(arr, st, 1 << 40);
                 start.dec(arr, st, 1 << 20);
             }
