@@ -483,9 +483,13 @@ impl<B: Backend> CachingAllocator<B> {
                 sh.rotated = false;
                 for (log, t) in [&mut sh.full, &mut sh.log].into_iter().zip(&mut taken[k]) {
                     if !log.is_empty() {
-                        let e = next.next().expect("two empty logs per shard held");
-                        std::mem::swap(log, e);
-                        std::mem::swap(e, t);
+                        // (two spares per shard held were taken: the
+                        // allocation is never needed)
+                        let empty = match next.next() {
+                            Some(e) => std::mem::take(e),
+                            None => Vec::with_capacity(stat_log::LOG_CAP),
+                        };
+                        *t = std::mem::replace(log, empty);
                         any = true;
                     }
                 }
