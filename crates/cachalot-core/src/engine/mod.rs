@@ -462,6 +462,9 @@ impl<B: Backend> CachingAllocator<B> {
         if !inner.fast_on {
             return;
         }
+        // what other flushes filed meanwhile (so that the sums waiting stay
+        // as few as the windows being summed)
+        self.settle(&mut inner, false);
         // empty logs for the swap, taken before the shard locks
         let mut fresh: [Vec<stat_log::Entry>; 2 * SHARDS] = std::array::from_fn(|_| Vec::new());
         let n = 2 * inner.occupied.count_ones() as usize;
