@@ -25,7 +25,6 @@ use std::cell::Cell;
 use std::hash::{Hash, Hasher};
 
 use crate::config::{AllocatorConfig, Placement};
-use crate::engine::accounting::FastStats;
 use crate::engine::addr_table::AddrTable;
 use crate::engine::block::{BState, BlockId, NIL, Slab, part_of};
 use crate::engine::free_set::{Back, FreeSet};
@@ -33,7 +32,7 @@ use crate::engine::placement::FitRule;
 use crate::engine::pools::DEFAULT_POOL;
 use crate::engine::rounding::{MIN_BLOCK_SIZE, SMALL_SIZE, round_size};
 use crate::engine::stat_log::{
-    AllocTransitions, Entry, FreeTransitions, LOG_CAP, Rec, now, replay,
+    AllocTransitions, Entry, FreeTransitions, LOG_CAP, Rec, Window, now, replay,
 };
 use crate::stats::StatType;
 
@@ -56,8 +55,8 @@ pub(crate) struct FastView {
     /// fast path is allowed: the clock runs only with GC on).
     pub gc_calls: [u64; 2],
     /// This shard is the only one out: no other shard can change a stat,
-    /// so its fast operations write the stats' copy it holds
-    /// ([`Shard::mirror`]) directly, with no log.
+    /// so its fast operations sum their transitions in [`Shard::mirror`]
+    /// directly, with no log and no clock.
     pub solo: bool,
 }
 
@@ -91,10 +90,11 @@ pub(crate) struct Shard<S> {
     /// A log was set aside just now: the caller asks the device to take
     /// it if the device lock is free (`CachingAllocator::offer_logs`).
     pub rotated: bool,
-    /// While the shard is the only one out (`FastView::solo`): the
-    /// device's stats, handed out at check-out and changed here exactly as
-    /// the engine would, taken back at check-in when `mirror_dirty`.
-    pub mirror: FastStats,
+    /// While the shard is the only one out (`FastView::solo`): the sums of
+    /// its transitions since check-out, in the order they happened (the
+    /// engine's own transitions into a [`Window`]), folded into the
+    /// device's stats at check-in when `mirror_dirty`.
+    pub mirror: Window,
     /// The mirror changed since the last check-out.
     pub mirror_dirty: bool,
     /// What the fast path may do.
@@ -111,7 +111,7 @@ impl<S: Copy + Ord> Shard<S> {
             log: Vec::with_capacity(LOG_CAP),
             full: Vec::with_capacity(LOG_CAP),
             rotated: false,
-            mirror: FastStats::default(),
+            mirror: Window::default(),
             mirror_dirty: false,
             view: FastView {
                 ok: false,
@@ -576,7 +576,7 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
             }
             if sh.mirror_dirty {
                 // (the only shard out: nothing else changed these stats)
-                sh.mirror.store(&mut self.stats);
+                sh.mirror.take_into(&mut self.stats);
                 sh.mirror_dirty = false;
             }
         }
@@ -697,9 +697,6 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
                 sh.view.config_gen = self.config_gen;
             }
             sh.view.solo = solo;
-            if solo && self.occupied & (1 << k) != 0 {
-                sh.mirror.load(&self.stats);
-            }
         }
     }
 

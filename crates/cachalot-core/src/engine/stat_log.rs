@@ -14,8 +14,8 @@
 //! the smaller stamp (operations that overlap may be put in either order:
 //! both orders are possible histories). While one shard alone is out
 //! (`FastView::solo`) no other shard can change a stat, and the shard
-//! writes a copy of the stats directly instead (`Shard::mirror`): no log,
-//! no stamp.
+//! sums its transitions directly instead (`Shard::mirror`, a [`Window`]
+//! folded at check-in): no log, no stamp.
 //!
 //! The device replays everything at check-in (every shard held: the stats
 //! are exact for the engine's own code). A log that fills up
@@ -462,16 +462,57 @@ impl Apply for Window {
         k[3].upd(p, e.split_count as i64);
         k[4].upd(p, e.split_bytes);
         if e.oversize != 0 {
-            let r = &mut self.oversize;
-            let d = e.oversize as i64;
-            r.cur += d;
-            r.pos += d.max(0);
-            r.max = r.max.max(r.cur);
+            StatSink::oversize(self, e.oversize as i64);
         }
     }
 }
 
+/// The solo shard's copy of the stats (`Shard::mirror`): its transitions
+/// written straight into a window, which check-in folds into the device's
+/// stats. `active` and `active_bytes` move with `allocation` and
+/// `allocated_bytes` on the fast path (the window keeps one sum for each
+/// pair), so their transitions are not written twice.
+impl StatSink for Window {
+    #[inline(always)]
+    fn inc(&mut self, arr: Arr, st: StatType, n: i64) {
+        let p = (st != StatType::SmallPool) as usize;
+        match arr {
+            Arr::Allocation => self.kinds[0].inc(p, n),
+            Arr::AllocatedBytes => self.kinds[1].inc(p, n),
+            Arr::RequestedBytes => self.kinds[2].inc(p, n),
+            Arr::InactiveSplit => self.kinds[3].inc(p, n),
+            Arr::InactiveSplitBytes => self.kinds[4].inc(p, n),
+            Arr::Active | Arr::ActiveBytes => {}
+        }
+    }
+    #[inline(always)]
+    fn dec(&mut self, arr: Arr, st: StatType, n: i64) {
+        let p = (st != StatType::SmallPool) as usize;
+        match arr {
+            Arr::Allocation => self.kinds[0].dec(p, n),
+            Arr::AllocatedBytes => self.kinds[1].dec(p, n),
+            Arr::RequestedBytes => self.kinds[2].dec(p, n),
+            Arr::InactiveSplit => self.kinds[3].dec(p, n),
+            Arr::InactiveSplitBytes => self.kinds[4].dec(p, n),
+            Arr::Active | Arr::ActiveBytes => {}
+        }
+    }
+    #[inline(always)]
+    fn oversize(&mut self, d: i64) {
+        let r = &mut self.oversize;
+        r.cur += d;
+        r.pos += d.max(0);
+        r.max = r.max.max(r.cur);
+    }
+}
+
 impl Window {
+    /// Folds the window into `stats` and empties it.
+    pub(crate) fn take_into(&mut self, stats: &mut DeviceStats) {
+        self.fold(stats);
+        *self = Window::default();
+    }
+
     /// Writes the replay's changes to `stats`.
     fn fold(&self, stats: &mut DeviceStats) {
         fn fold_one(s: &mut crate::stats::Stat, cur: i64, max: i64, pos: i64) {
@@ -559,6 +600,17 @@ fn merge(w: &mut impl Apply, seqs: &[&[Entry]; 2 * SHARDS]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A xorshift generator from `seed` (deterministic test inputs).
+    fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+        let mut rng = seed;
+        move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        }
+    }
 
     fn alloc_rec(size: u64) -> Rec {
         Rec::Alloc(AllocTransitions {
@@ -683,11 +735,11 @@ mod tests {
     /// index) order, from a device state with history.
     #[test]
     fn replay_matches_the_transitions_one_by_one_in_stamp_order() {
-        let mut next = crate::engine::accounting::tests::xorshift(0x2545_f491_4f6c_dd1d);
+        let mut next = xorshift(0x2545_f491_4f6c_dd1d);
         let mut start = DeviceStats::default();
         for st in [StatType::SmallPool, StatType::LargePool] {
             // enough of everything for the frees below, and peaks above
-            for arr in crate::engine::accounting::ARRS {
+            for (arr, _) in ARR_KIND {
                 start.inc(arr, st, 1 << 40);
                 start.dec(arr, st, 1 << 20);
             }
@@ -737,6 +789,39 @@ mod tests {
             assert_eq!(got, want, "round {round}");
             if round % 50 == 49 {
                 start.reset_peak();
+            }
+        }
+    }
+
+    /// The solo shard's window (transitions written straight into it,
+    /// folded at check-in) gives the stats of applying them to the device,
+    /// from a state with history, over many check-out/check-in cycles.
+    #[test]
+    fn a_solo_window_folds_to_the_transitions_applied_in_turn() {
+        let mut next = xorshift(0x1234_5678_9abc_def1);
+        let mut dev = DeviceStats::default();
+        for st in [StatType::SmallPool, StatType::LargePool] {
+            for (arr, _) in ARR_KIND {
+                dev.inc(arr, st, 1 << 40);
+                dev.dec(arr, st, 1 << 20);
+            }
+        }
+        dev.oversize(1 << 30);
+        dev.reset_accumulated();
+        let mut want = dev.clone();
+        let mut mirror = Window::default();
+        let mut live = Vec::new();
+        for round in 0..200 {
+            for _ in 0..(next() % 40) {
+                let rec = random_rec(&mut next, &mut live);
+                rec.apply(&mut mirror);
+                rec.apply(&mut want);
+            }
+            mirror.take_into(&mut dev);
+            assert_eq!(dev, want, "round {round}");
+            if round % 20 == 19 {
+                dev.reset_peak();
+                want.reset_peak();
             }
         }
     }
