@@ -7,6 +7,11 @@ use crate::engine::block::BlockId;
 
 const EMPTY: u64 = 0;
 
+/// Where [`AddrTable::find`] found an address (valid until the table
+/// changes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Slot(usize);
+
 /// Address → block id. Address 0 is never a key (it is the null allocation).
 pub(crate) struct AddrTable {
     /// (address, block id) pairs: a probe touches one cache line.
@@ -85,23 +90,39 @@ impl AddrTable {
         }
     }
 
-    /// Removes `addr`, returning its block id.
+    /// The slot and block id of `addr`, for [`Self::remove_at`] (a lookup,
+    /// then a removal with no second probe).
     #[inline]
-    pub fn remove(&mut self, addr: u64) -> Option<BlockId> {
+    pub fn find(&self, addr: u64) -> Option<(Slot, BlockId)> {
         if addr == EMPTY {
             return None;
         }
         let mut i = hash(addr) & self.mask;
         loop {
-            let k = self.slots[i].0;
+            let (k, v) = self.slots[i];
+            if k == addr {
+                return Some((Slot(i), v));
+            }
             if k == EMPTY {
                 return None;
             }
-            if k == addr {
-                break;
-            }
             i = (i + 1) & self.mask;
         }
+    }
+
+    /// Removes `addr`, returning its block id.
+    #[inline]
+    pub fn remove(&mut self, addr: u64) -> Option<BlockId> {
+        let (slot, _) = self.find(addr)?;
+        Some(self.remove_at(slot))
+    }
+
+    /// Removes the entry at `slot` (from [`Self::find`], with no change to
+    /// the table since), returning its block id.
+    #[inline]
+    pub fn remove_at(&mut self, slot: Slot) -> BlockId {
+        let i = slot.0;
+        debug_assert_ne!(self.slots[i].0, EMPTY);
         let id = self.slots[i].1;
         self.len -= 1;
         // backward-shift: pull later entries of the probe run into the hole
@@ -123,7 +144,7 @@ impl AddrTable {
             j = (j + 1) & self.mask;
         }
         self.slots[hole].0 = EMPTY;
-        Some(id)
+        id
     }
 
     #[cold]
@@ -210,8 +231,20 @@ mod tests {
             x ^= x >> 7;
             x ^= x << 17;
             let addr = ((x % 5000) + 1) * 512;
-            if x & 3 == 0 {
+            if x & 7 == 0 {
                 assert_eq!(t.remove(addr), m.remove(&addr));
+            } else if x & 7 == 4 {
+                // a lookup, then a removal at its slot
+                let want = m.remove(&addr);
+                assert_eq!(
+                    t.find(addr)
+                        .map(|(s, id)| (t.remove_at(s), id))
+                        .map(|(a, b)| {
+                            assert_eq!(a, b);
+                            a
+                        }),
+                    want
+                );
             } else {
                 t.insert(addr, i);
                 m.insert(addr, i);

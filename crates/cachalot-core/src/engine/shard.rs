@@ -202,7 +202,7 @@ impl<S: Copy + Ord> Shard<S> {
         }
         // (an address held here but not servable here goes to the device
         // at once; one not held here may be another shard's)
-        let Some(id) = self.live.get(addr) else {
+        let Some((slot, id)) = self.live.find(addr) else {
             return Err(Miss::Absent);
         };
         if self.log.len() == LOG_CAP && !self.log_rotate() {
@@ -259,8 +259,8 @@ impl<S: Copy + Ord> Shard<S> {
             split_bytes,
         };
         // ----- commit: nothing below fails -----
-        let removed = self.live.remove(addr);
-        debug_assert_eq!(removed, Some(id));
+        let removed = self.live.remove_at(slot);
+        debug_assert_eq!(removed, id);
         self.slab[id].oversize = false;
         let free = &mut self.free[small as usize];
         let mut id = id;
