@@ -522,11 +522,15 @@ impl<B: Backend> CachingAllocator<B> {
     /// waited for: its flusher holds no lock and needs only `folds`).
     fn settle(&self, inner: &mut Inner<B>, wait: bool) {
         loop {
+            if inner.windows_folded == inner.windows_out {
+                // (every window flushed is folded: `folds` holds no sum)
+                return;
+            }
             {
                 let inner = &mut *inner;
                 sync::lock(&self.folds).fold_ready(&mut inner.windows_folded, &mut inner.stats);
             }
-            if !wait || inner.windows_folded == inner.windows_out {
+            if !wait {
                 return;
             }
             sync::yield_now();
