@@ -32,7 +32,7 @@ use crate::engine::placement::FitRule;
 use crate::engine::pools::DEFAULT_POOL;
 use crate::engine::rounding::{MIN_BLOCK_SIZE, SMALL_SIZE, round_size};
 use crate::engine::stat_log::{
-    AllocTransitions, Entry, FreeTransitions, LOG_CAP, Rec, Window, now, replay,
+    AllocTransitions, Entry, FreeTransitions, LOG_CAP, Rec, Window, now, replay, seqs_of,
 };
 use crate::stats::StatType;
 
@@ -580,14 +580,13 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
                 sh.mirror_dirty = false;
             }
         }
-        // (a flush leaves nothing waiting: every entry is in a shard held)
-        let mut seqs: [&[Entry]; 2 * SHARDS] = [&[]; 2 * SHARDS];
-        for (pair, sh) in seqs.chunks_mut(2).zip(shards.iter()) {
-            if let Some(sh) = sh {
-                pair[0] = &sh.full;
-                pair[1] = &sh.log;
-            }
-        }
+        // (the windows flushed before are folded, `CachingAllocator::
+        // settle`: every entry left is in a shard held)
+        let seqs = seqs_of(
+            shards
+                .iter()
+                .map(|sh| sh.as_ref().map(|sh| [&sh.full[..], &sh.log[..]])),
+        );
         replay(&mut self.stats, &seqs);
         for sh in shards.iter_mut().flatten() {
             sh.full.clear();

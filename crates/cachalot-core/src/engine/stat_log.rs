@@ -90,6 +90,8 @@ pub(crate) struct Entry {
     pub pool: u8,
 }
 
+const _: () = assert!(std::mem::size_of::<Entry>() == 40);
+
 impl Entry {
     /// The entry of the transitions `rec`, stamped `ts`.
     #[inline(always)]
@@ -310,14 +312,25 @@ impl Folds {
 /// The summary of a flushed window's logs: its entries merged in stamp
 /// order (each shard's set-aside log first) and summed in a [`Window`].
 pub(crate) fn summarize(taken: &Taken) -> Window {
-    let mut seqs: [&[Entry]; 2 * SHARDS] = [&[]; 2 * SHARDS];
-    for (pair, t) in seqs.chunks_mut(2).zip(taken) {
-        pair[0] = &t[0];
-        pair[1] = &t[1];
-    }
+    let seqs = seqs_of(taken.iter().map(|[full, log]| Some([&full[..], &log[..]])));
     let mut w = Window::default();
     merge(&mut w, &seqs);
     w
+}
+
+/// The logs to merge, by shard (its set-aside log at `2k`, its log at
+/// `2k + 1`; `None`: a shard with none), as [`replay`] and [`summarize`]
+/// take them.
+pub(crate) fn seqs_of<'a>(
+    shards: impl IntoIterator<Item = Option<[&'a [Entry]; 2]>>,
+) -> [&'a [Entry]; 2 * SHARDS] {
+    let mut seqs: [&[Entry]; 2 * SHARDS] = [&[]; 2 * SHARDS];
+    for (pair, logs) in seqs.chunks_mut(2).zip(shards) {
+        if let Some(logs) = logs {
+            pair.copy_from_slice(&logs);
+        }
+    }
+    seqs
 }
 
 /// Replays the stat logs `seqs` into `stats`: each log's entries in their
@@ -428,6 +441,17 @@ pub(crate) struct Window {
     oversize: Run,
 }
 
+/// The kind of change a transition of `arr` is written to in a
+/// [`Window`] ([`ARR_KIND`]); `None` for `active` and `active_bytes`,
+/// which follow the same kinds as `allocation` and `allocated_bytes`.
+#[inline(always)]
+fn written_kind(arr: Arr) -> Option<usize> {
+    match arr {
+        Arr::Active | Arr::ActiveBytes => None,
+        a => ARR_KIND.iter().find(|(x, _)| *x == a).map(|&(_, k)| k),
+    }
+}
+
 /// The [`Arr`] arrays and the kind of change each follows.
 const ARR_KIND: [(Arr, usize); 7] = [
     (Arr::Allocation, 0),
@@ -475,26 +499,14 @@ impl Apply for Window {
 impl StatSink for Window {
     #[inline(always)]
     fn inc(&mut self, arr: Arr, st: StatType, n: i64) {
-        let p = (st != StatType::SmallPool) as usize;
-        match arr {
-            Arr::Allocation => self.kinds[0].inc(p, n),
-            Arr::AllocatedBytes => self.kinds[1].inc(p, n),
-            Arr::RequestedBytes => self.kinds[2].inc(p, n),
-            Arr::InactiveSplit => self.kinds[3].inc(p, n),
-            Arr::InactiveSplitBytes => self.kinds[4].inc(p, n),
-            Arr::Active | Arr::ActiveBytes => {}
+        if let Some(k) = written_kind(arr) {
+            self.kinds[k].inc((st != StatType::SmallPool) as usize, n);
         }
     }
     #[inline(always)]
     fn dec(&mut self, arr: Arr, st: StatType, n: i64) {
-        let p = (st != StatType::SmallPool) as usize;
-        match arr {
-            Arr::Allocation => self.kinds[0].dec(p, n),
-            Arr::AllocatedBytes => self.kinds[1].dec(p, n),
-            Arr::RequestedBytes => self.kinds[2].dec(p, n),
-            Arr::InactiveSplit => self.kinds[3].dec(p, n),
-            Arr::InactiveSplitBytes => self.kinds[4].dec(p, n),
-            Arr::Active | Arr::ActiveBytes => {}
+        if let Some(k) = written_kind(arr) {
+            self.kinds[k].dec((st != StatType::SmallPool) as usize, n);
         }
     }
     #[inline(always)]
