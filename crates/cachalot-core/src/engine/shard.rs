@@ -389,16 +389,24 @@ pub(crate) const DEVICE: usize = 1;
 /// [`count_path`]: a full stat log taken out (`flush_logs`).
 pub(crate) const FLUSH: usize = 2;
 
-#[cfg(not(feature = "shuttle"))]
-thread_local! {
-    /// How this thread's operations were served (cheap thread-local
-    /// counters, always on): see [`crate::engine::PathCounts`].
-    pub(crate) static PATHS: Cell<[u64; 3]> = const { Cell::new([0; 3]) };
+/// A thread-local of the engine: std's, or under the `shuttle` feature
+/// the model's (each model thread its own), from one declaration.
+macro_rules! engine_thread_local {
+    ($(#[$m:meta])* $vis:vis static $name:ident: $t:ty = $init:expr;) => {
+        #[cfg(not(feature = "shuttle"))]
+        thread_local! {
+            $(#[$m])* $vis static $name: $t = const { $init };
+        }
+        #[cfg(feature = "shuttle")]
+        shuttle::thread_local! {
+            $(#[$m])* $vis static $name: $t = $init;
+        }
+    };
 }
 
-#[cfg(feature = "shuttle")]
-shuttle::thread_local! {
-    /// This (model) thread's path counts.
+engine_thread_local! {
+    /// How this thread's operations were served (cheap thread-local
+    /// counters, always on): see [`crate::engine::PathCounts`].
     pub(crate) static PATHS: Cell<[u64; 3]> = Cell::new([0; 3]);
 }
 
@@ -415,17 +423,10 @@ pub(crate) fn count_path(i: usize) {
 /// Entries of the thread-local hint.
 pub(crate) const HINTS: usize = 4;
 
-#[cfg(not(feature = "shuttle"))]
-thread_local! {
+engine_thread_local! {
     /// The shards this thread used last, as (stream key, shard), most
     /// recent first. Only a guess: the shard checks that it holds the
     /// stream (a wrong guess is a miss, served by the device).
-    static HINT: [Cell<(u64, u32)>; HINTS] = const { [const { Cell::new((0, 0)) }; HINTS] };
-}
-
-#[cfg(feature = "shuttle")]
-shuttle::thread_local! {
-    /// This (model) thread's hints.
     static HINT: [Cell<(u64, u32)>; HINTS] = [const { Cell::new((0, 0)) }; HINTS];
 }
 
@@ -464,18 +465,11 @@ pub(crate) fn hint_set(key: u64, shard: usize) {
 /// Entries of the thread-local owner cache (a power of two).
 const OWNERS: usize = 1024;
 
-#[cfg(not(feature = "shuttle"))]
-thread_local! {
+engine_thread_local! {
     /// The shards of this thread's recent allocations, as (address,
     /// shard), direct-mapped by a hash of the address: a free of an
     /// address this thread allocated tries its shard first. Only a guess,
     /// as [`HINT`] (the shard checks that it holds the address).
-    static OWNER: [Cell<(u64, u32)>; OWNERS] = const { [const { Cell::new((0, 0)) }; OWNERS] };
-}
-
-#[cfg(feature = "shuttle")]
-shuttle::thread_local! {
-    /// This (model) thread's owner cache.
     static OWNER: [Cell<(u64, u32)>; OWNERS] = [const { Cell::new((0, 0)) }; OWNERS];
 }
 
