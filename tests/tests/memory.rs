@@ -77,6 +77,75 @@ fn recycling_waits_for_the_freeing_streams_work() {
     d.drop_without_vmm_leaks();
 }
 
+/// A busy stream's pages whose uses are over are taken without waiting:
+/// every free records a completion fence on its stream, and a block freed
+/// before a fence that has completed has no work pending, however much
+/// later work the stream has queued. A block freed after the last
+/// completed fence keeps its pages (the mock refuses to unmap a page with
+/// pending work), and the stream is not synchronized.
+#[test]
+fn recycling_takes_a_busy_streams_pages_whose_uses_are_over() {
+    let d = Dev::manual(CACHALOT);
+    let s1 = d.stream();
+    let c = d.alloc(40 * MIB); // lowest address: recycling looks at it first
+    let sep = d.alloc(4 * MIB); // keeps a and c from merging
+    let a = d.alloc(40 * MIB);
+    d.m.use_memory(d.s0(), a, 40 * MIB, 1).unwrap();
+    d.free(a); // fence 1, after a's use
+    d.m.use_memory(d.s0(), c, 40 * MIB, 2).unwrap();
+    d.free(c); // fence 2, after c's use
+    d.m.complete_n(d.s0(), 1).unwrap(); // a's use and fence 1 done; c's pending
+    let syncs = d.m.call_count(MockCall::SynchronizeEvent);
+    let unmaps = d.m.call_count(MockCall::Unmap);
+    let b = d.alloc_on(40 * MIB, s1);
+    assert_eq!(
+        d.m.call_count(MockCall::SynchronizeEvent),
+        syncs,
+        "no stream waited for"
+    );
+    assert!(d.m.call_count(MockCall::Unmap) > unmaps, "a's pages moved");
+    assert_eq!(d.m.pending(d.s0()).unwrap(), 1, "c's use still pending");
+    assert_eq!(reserved(&d), 84 * MIB as i64, "c's pages stayed, a's moved");
+    assert_eq!(d.m.invalid_access_count(), 0);
+    d.m.use_memory(s1, b, 40 * MIB, 3).unwrap();
+    d.m.complete_all();
+    assert_eq!(d.m.tag_at(c), Some(2), "c's data intact");
+    assert_eq!(d.m.tag_at(b), Some(3));
+    d.free(b);
+    d.free(sep);
+    d.drop_without_vmm_leaks();
+}
+
+/// Completion fences are bounded: frees on a stream whose work never
+/// completes record at most a ring's worth of events, and completed fences
+/// are reused.
+#[test]
+fn completion_fences_are_bounded() {
+    let d = Dev::manual(CACHALOT);
+    let before = d.m.live_events();
+    for i in 0..200 {
+        let a = d.alloc(4 * MIB);
+        d.m.use_memory(d.s0(), a, 4 * MIB, i).unwrap();
+        d.free(a);
+    }
+    let most = d.m.live_events() - before;
+    assert!((1..=40).contains(&most), "{most} events for 200 frees");
+    d.m.complete_all();
+    for i in 0..200 {
+        let a = d.alloc(4 * MIB);
+        d.m.use_memory(d.s0(), a, 4 * MIB, i).unwrap();
+        d.free(a);
+    }
+    assert!(
+        d.m.live_events() - before <= most,
+        "completed fences reused"
+    );
+    d.m.complete_all();
+    let m = d.m.clone();
+    d.drop_without_vmm_leaks();
+    assert_eq!(m.live_events(), 0, "no event left after the drop");
+}
+
 /// Pages of a stream whose work has completed are taken first, with no
 /// wait; a stream with queued work keeps its pages (and is not
 /// synchronized) while the idle one covers the request.

@@ -337,6 +337,10 @@ impl<S: Copy> Slab<S> {
 /// (splits stay in their part), so split and merge never cross parts.
 pub(crate) struct Blocks<S> {
     pub(super) parts: Vec<Slab<S>>,
+    /// The free stamps of expandable blocks, by part and slot
+    /// ([`Blocks::freed_at`]); kept beside the slab, which shards check
+    /// out, so a block stays as small as the fast path wants it.
+    stamps: Vec<Vec<u64>>,
 }
 
 impl<S> Blocks<S> {
@@ -344,7 +348,32 @@ impl<S> Blocks<S> {
     pub fn new(n: usize) -> Self {
         Self {
             parts: (0..n).map(Slab::new).collect(),
+            stamps: vec![Vec::new(); n],
         }
+    }
+
+    /// The free stamp of expandable block `id` (cachalot's page
+    /// recycling): the engine's count of expandable frees when it was last
+    /// freed, the later of its parts' after a merge, its parent's after a
+    /// split ([`Self::split`], [`Self::absorb_next`]). A completion fence
+    /// of its stream with a stamp at least this one proves its pages have
+    /// no work pending (`EventState::fence`). A block never handed out
+    /// (fresh pages, nothing pending) may read any value: only splits,
+    /// merges and frees of expandable blocks write it.
+    #[inline]
+    pub fn freed_at(&self, id: BlockId) -> u64 {
+        let slot = (id as usize) & (PART_SLOTS - 1);
+        self.stamps[part_of(id)].get(slot).copied().unwrap_or(0)
+    }
+
+    /// Sets [`Self::freed_at`] of `id`.
+    pub fn set_freed_at(&mut self, id: BlockId, stamp: u64) {
+        let slot = (id as usize) & (PART_SLOTS - 1);
+        let v = &mut self.stamps[part_of(id)];
+        if v.len() <= slot {
+            v.resize(slot + 1, 0);
+        }
+        v[slot] = stamp;
     }
 }
 
@@ -375,15 +404,32 @@ impl<S: Copy> Blocks<S> {
         self.parts[part_of(id)].remove(id)
     }
 
-    /// [`Slab::split`].
+    /// [`Slab::split`]; the remainder of an expandable block keeps its free
+    /// stamp ([`Self::freed_at`]: its pages have the same past). The engine's
+    /// splits and merges go through here; a shard's fast path uses the
+    /// slab's own, which leave the stamp alone (it never sees an
+    /// expandable block).
     #[inline]
     pub fn split(&mut self, id: BlockId, size: u64) -> BlockId {
-        self.parts[part_of(id)].split(id, size)
+        let rid = self.parts[part_of(id)].split(id, size);
+        if self[id].expandable {
+            self.set_freed_at(rid, self.freed_at(id));
+        }
+        rid
     }
 
-    /// [`Slab::absorb_next`].
+    /// [`Slab::absorb_next`]; an expandable block takes the later free
+    /// stamp of the two ([`Self::freed_at`]).
     pub fn absorb_next(&mut self, id: BlockId) -> u64 {
-        self.parts[part_of(id)].absorb_next(id)
+        let next = self[id].next;
+        let stamp = self[id]
+            .expandable
+            .then(|| self.freed_at(id).max(self.freed_at(next)));
+        let n = self.parts[part_of(id)].absorb_next(id);
+        if let Some(stamp) = stamp {
+            self.set_freed_at(id, stamp);
+        }
+        n
     }
 
     /// [`Slab::segment_blocks`].

@@ -24,9 +24,33 @@ struct StreamEvents<B: Backend> {
     queue: VecDeque<PendingEvent<B::Event>>,
 }
 
+/// The completion fences of one stream (cachalot's page recycling): events
+/// recorded on it after frees of expandable blocks. A fence with stamp `f`
+/// was recorded after every free stamped `f` or less, so once it completes
+/// none of those blocks' uses on the stream is pending, however busy the
+/// stream is with later work.
+struct StreamFences<B: Backend> {
+    stream: B::Stream,
+    /// Fences not known to be complete, `(stamp, event)`, oldest first
+    /// (they complete in this order: one stream runs its work in order).
+    ring: VecDeque<(u64, B::Event)>,
+    /// The stamp of the newest fence seen complete.
+    done: u64,
+    /// The stamp of the newest fence recorded.
+    last: u64,
+}
+
+/// Most fences pending on one stream; past it a free records none (its
+/// block is proven idle by a later fence, or the stream is waited for).
+const FENCE_RING: usize = 32;
+
 /// The event pool and the queues of recorded end-of-life events.
 pub(crate) struct EventState<B: Backend> {
     queues: Vec<StreamEvents<B>>,
+    /// Completion fences per stream ([`StreamFences`]).
+    fences: Vec<StreamFences<B>>,
+    /// Frees of expandable blocks so far: the stamp of the latest.
+    free_clock: u64,
     /// Events in all queues.
     outstanding: usize,
     /// Completed events kept for reuse.
@@ -40,6 +64,8 @@ impl<B: Backend> Default for EventState<B> {
     fn default() -> Self {
         Self {
             queues: Vec::new(),
+            fences: Vec::new(),
+            free_clock: 0,
             outstanding: 0,
             pool: Vec::new(),
             staged: Vec::new(),
@@ -103,7 +129,10 @@ impl<B: Backend> EventState<B> {
         let queued = std::mem::take(&mut self.queues)
             .into_iter()
             .flat_map(|q| q.queue.into_iter().map(|e| e.event));
-        for ev in queued.chain(std::mem::take(&mut self.pool)) {
+        let fences = std::mem::take(&mut self.fences)
+            .into_iter()
+            .flat_map(|f| f.ring.into_iter().map(|(_, e)| e));
+        for ev in queued.chain(fences).chain(std::mem::take(&mut self.pool)) {
             if let Err(e) = backend.destroy_event(ev)
                 && first.is_ok()
             {
@@ -112,6 +141,91 @@ impl<B: Backend> EventState<B> {
         }
         self.outstanding = 0;
         first
+    }
+}
+
+/// Completion fences (cachalot's page recycling): which free pages of a busy
+/// stream may be unmapped without waiting for the stream.
+impl<B: Backend> EventState<B> {
+    /// The stamp of a block being freed now.
+    pub fn stamp(&mut self) -> u64 {
+        self.free_clock += 1;
+        self.free_clock
+    }
+
+    fn fences_of(&mut self, stream: B::Stream) -> usize {
+        match self.fences.iter().position(|f| f.stream == stream) {
+            Some(i) => i,
+            None => {
+                self.fences.push(StreamFences {
+                    stream,
+                    ring: VecDeque::new(),
+                    done: 0,
+                    last: 0,
+                });
+                self.fences.len() - 1
+            }
+        }
+    }
+
+    /// Records a fence on `stream` after the frees stamped so far (none if
+    /// no free was stamped since its last one). Best effort: when the
+    /// stream's fences are all pending, or the backend fails, none is
+    /// recorded, and a block it would have covered waits for a later fence
+    /// or a synchronization instead.
+    pub fn fence(&mut self, backend: &B, stream: B::Stream) {
+        let i = self.fences_of(stream);
+        if self.fences[i].last == self.free_clock {
+            return;
+        }
+        if self.fences[i].ring.len() >= FENCE_RING {
+            self.poll_fences(backend, i);
+            if self.fences[i].ring.len() >= FENCE_RING {
+                return;
+            }
+        }
+        let Ok(ev) = self.get(backend) else {
+            return;
+        };
+        if let Err(err) = backend.record_event(&ev, stream) {
+            tracing::debug!(%err, "recording a completion fence failed");
+            self.pool.push(ev);
+            return;
+        }
+        let f = &mut self.fences[i];
+        f.ring.push_back((self.free_clock, ev));
+        f.last = self.free_clock;
+    }
+
+    /// The newest stamp of `stream`'s fences that has completed (0: none):
+    /// a block of the stream freed with that stamp or an earlier one has no
+    /// work pending. Queries without waiting (a binary search over the
+    /// pending fences; a failed query reads as pending); completed fences
+    /// go back to the pool.
+    pub fn fenced(&mut self, backend: &B, stream: B::Stream) -> u64 {
+        match self.fences.iter().position(|f| f.stream == stream) {
+            Some(i) => self.poll_fences(backend, i),
+            None => 0,
+        }
+    }
+
+    fn poll_fences(&mut self, backend: &B, i: usize) -> u64 {
+        let f = &mut self.fences[i];
+        // the completed fences are a prefix of the ring
+        let (mut lo, mut hi) = (0, f.ring.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if backend.query_event(&f.ring[mid].1).unwrap_or(false) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        for (stamp, ev) in f.ring.drain(..lo) {
+            f.done = stamp;
+            self.pool.push(ev);
+        }
+        f.done
     }
 }
 

@@ -131,10 +131,13 @@ impl<B: Backend> Inner<B> {
             }
         }
         cands.sort_unstable();
-        // Pages of streams whose work has all completed go first (no
-        // wait: the host stays ahead of the device); then, if that is not
-        // enough, pages of busy streams, after one synchronization each.
-        let mut idle: Vec<(B::Stream, bool)> = Vec::new();
+        // Pages with no work pending go first (no wait: the host stays
+        // ahead of the device): those of streams whose work has all
+        // completed, and those freed before a completion fence of their
+        // stream that has completed (the stream busy with later work);
+        // then, if that is not enough, pages of busy streams, after one
+        // synchronization each.
+        let mut idle: Vec<(B::Stream, bool, u64)> = Vec::new();
         for busy_pass in [false, true] {
             for &(_, _, id) in &cands {
                 if want == 0 {
@@ -145,16 +148,23 @@ impl<B: Backend> Inner<B> {
                     continue;
                 }
                 let stream = self.segments.expandable_at(self.blocks[id].addr).1.stream;
-                let known = idle.iter().find(|e| e.0 == stream).map(|e| e.1);
-                let is_idle = match known {
+                let known = idle.iter().find(|e| e.0 == stream).map(|e| (e.1, e.2));
+                let (is_idle, fenced) = match known {
                     Some(v) => v,
                     None => {
                         let v = stream_idle(backend, stream);
-                        idle.push((stream, v));
-                        v
+                        let f = if v {
+                            0
+                        } else {
+                            self.events.fenced(backend, stream)
+                        };
+                        idle.push((stream, v, f));
+                        (v, f)
                     }
                 };
-                if !is_idle {
+                let done = is_idle
+                    || (self.blocks[id].stream == stream && self.blocks.freed_at(id) <= fenced);
+                if !done {
                     if !busy_pass {
                         continue;
                     }
