@@ -116,6 +116,43 @@ fn recycling_takes_a_busy_streams_pages_whose_uses_are_over() {
     d.drop_without_vmm_leaks();
 }
 
+/// A block whose free waited for another stream's use (`record_stream`)
+/// gets its fence when that use is over: once the fence completes, its
+/// pages move without waiting for its own stream, busy by then.
+#[test]
+fn a_block_freed_after_its_stream_uses_gets_a_fence() {
+    let d = Dev::manual(CACHALOT);
+    let (s1, s2) = (d.stream(), d.stream());
+    let a = d.alloc_on(40 * MIB, s1);
+    let z = d.alloc_on(4096, s1); // a small page of s1, mapped now
+    d.m.use_memory(s1, a, 40 * MIB, 1).unwrap();
+    d.a.record_stream(a, d.s0()).unwrap();
+    d.m.use_memory(d.s0(), a, 40 * MIB, 1).unwrap();
+    d.free(a); // pending on s0's event
+    d.m.complete_all();
+    let y = d.alloc_on(4096, s1); // a is freed here, and fenced on s1
+    d.m.use_memory(s1, z, 4096, 2).unwrap(); // s1 busy from now on
+    let syncs = d.m.call_count(MockCall::SynchronizeEvent);
+    let unmaps = d.m.call_count(MockCall::Unmap);
+    let b = d.alloc_on(40 * MIB, s2);
+    assert!(d.m.call_count(MockCall::Unmap) > unmaps, "a's pages moved");
+    assert_eq!(
+        d.m.call_count(MockCall::SynchronizeEvent),
+        syncs,
+        "s1 not waited for"
+    );
+    assert_eq!(d.m.pending(s1).unwrap(), 1);
+    assert_eq!(d.m.invalid_access_count(), 0);
+    d.m.use_memory(s2, b, 40 * MIB, 3).unwrap();
+    d.m.complete_all();
+    assert_eq!(d.m.tag_at(b), Some(3));
+    assert_eq!(d.m.tag_at(z), Some(2));
+    for p in [b, z, y] {
+        d.free(p);
+    }
+    d.drop_without_vmm_leaks();
+}
+
 /// Completion fences are bounded: frees on a stream whose work never
 /// completes record at most a ring's worth of events, and completed fences
 /// are reused.

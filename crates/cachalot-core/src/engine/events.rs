@@ -351,14 +351,13 @@ impl<B: Backend> Inner<B> {
         Ok(())
     }
 
-    /// One of `id`'s events completed: the block is freed after its last.
-    fn event_done(&mut self, id: BlockId) {
+    /// One of `id`'s events completed: the block is freed after its last
+    /// (the merged free block, then).
+    fn event_done(&mut self, id: BlockId) -> Option<BlockId> {
         self.events.outstanding -= 1;
         let b = &mut self.blocks[id];
         b.event_count -= 1;
-        if b.event_count == 0 && b.stream_uses.is_empty() {
-            self.free_block(id);
-        }
+        (b.event_count == 0 && b.stream_uses.is_empty()).then(|| self.free_block(id))
     }
 
     /// Flushes blocks deferred during a capture once no capture is underway
@@ -405,7 +404,11 @@ impl<B: Backend> Inner<B> {
                     .pop_front()
                     .expect("front exists");
                 self.events.pool.push(e.event);
-                self.event_done(e.block);
+                if let Some(id) = self.event_done(e.block) {
+                    // its uses on other streams are over; a fence covers
+                    // those on its own
+                    self.fence_free(backend, id);
+                }
             }
         }
         Ok(())
