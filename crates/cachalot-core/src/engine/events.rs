@@ -25,7 +25,7 @@ struct StreamEvents<B: Backend> {
 }
 
 /// The completion fences of one stream (cachalot's page recycling): events
-/// recorded on it after frees of expandable blocks. A fence with stamp `f`
+/// recorded on it when recycling looks at its pages. A fence with stamp `f`
 /// was recorded after every free stamped `f` or less, so once it completes
 /// none of those blocks' uses on the stream is pending, however busy the
 /// stream is with later work.
@@ -40,8 +40,8 @@ struct StreamFences<B: Backend> {
     last: u64,
 }
 
-/// Most fences pending on one stream; past it a free records none (its
-/// block is proven idle by a later fence, or the stream is waited for).
+/// Most fences pending on one stream; past it a probe records none (the
+/// blocks freed since are proven idle by a later fence, or waited for).
 const FENCE_RING: usize = 32;
 
 /// The event pool and the queues of recorded end-of-life events.
@@ -147,6 +147,11 @@ impl<B: Backend> EventState<B> {
 /// Completion fences (cachalot's page recycling): which free pages of a busy
 /// stream may be unmapped without waiting for the stream.
 impl<B: Backend> EventState<B> {
+    /// The stamp of the latest free.
+    pub fn clock(&self) -> u64 {
+        self.free_clock
+    }
+
     /// The stamp of a block being freed now.
     pub fn stamp(&mut self) -> u64 {
         self.free_clock += 1;
@@ -168,45 +173,52 @@ impl<B: Backend> EventState<B> {
         }
     }
 
-    /// Records a fence on `stream` after the frees stamped so far (none if
-    /// no free was stamped since its last one). Best effort: when the
-    /// stream's fences are all pending, or the backend fails, none is
-    /// recorded, and a block it would have covered waits for a later fence
-    /// or a synchronization instead.
-    pub fn fence(&mut self, backend: &B, stream: B::Stream) {
+    /// What recycling may take from `stream` without waiting: the newest
+    /// free stamp whose uses on the stream are known to be over (every
+    /// block of the stream freed with that stamp or an earlier one has no
+    /// work pending; the current clock when the stream is idle). Polls the
+    /// stream's fences without waiting (a binary search; a failed query
+    /// reads as pending), then, when blocks were freed since its newest
+    /// fence, records one now and queries it: complete means the stream is
+    /// idle; pending, it proves those blocks done at a later probe, however
+    /// busy the stream is by then. One event per stream and probe at most;
+    /// none when the ring is full or the backend fails (conservative: the
+    /// blocks wait for a later fence, or recycling waits for the stream).
+    pub fn probe(&mut self, backend: &B, stream: B::Stream) -> u64 {
         let i = self.fences_of(stream);
-        if self.fences[i].last == self.free_clock {
-            return;
+        let done = self.poll_fences(backend, i);
+        let clock = self.free_clock;
+        if done == clock || self.fences[i].last == clock {
+            return done;
         }
         if self.fences[i].ring.len() >= FENCE_RING {
-            self.poll_fences(backend, i);
-            if self.fences[i].ring.len() >= FENCE_RING {
-                return;
-            }
+            return done;
         }
         let Ok(ev) = self.get(backend) else {
-            return;
+            return done;
         };
         if let Err(err) = backend.record_event(&ev, stream) {
             tracing::debug!(%err, "recording a completion fence failed");
             self.pool.push(ev);
-            return;
+            return done;
         }
         let f = &mut self.fences[i];
-        f.ring.push_back((self.free_clock, ev));
-        f.last = self.free_clock;
+        f.last = clock;
+        if backend.query_event(&ev).unwrap_or(false) {
+            // the stream is idle: everything freed on it so far is done
+            f.done = clock;
+            self.pool.push(ev);
+            return clock;
+        }
+        f.ring.push_back((clock, ev));
+        done
     }
 
-    /// The newest stamp of `stream`'s fences that has completed (0: none):
-    /// a block of the stream freed with that stamp or an earlier one has no
-    /// work pending. Queries without waiting (a binary search over the
-    /// pending fences; a failed query reads as pending); completed fences
-    /// go back to the pool.
-    pub fn fenced(&mut self, backend: &B, stream: B::Stream) -> u64 {
-        match self.fences.iter().position(|f| f.stream == stream) {
-            Some(i) => self.poll_fences(backend, i),
-            None => 0,
-        }
+    /// After a synchronization of `stream`: every block freed on it so
+    /// far is done.
+    pub fn synchronized(&mut self, stream: B::Stream) {
+        let i = self.fences_of(stream);
+        self.fences[i].done = self.free_clock;
     }
 
     fn poll_fences(&mut self, backend: &B, i: usize) -> u64 {
@@ -351,13 +363,14 @@ impl<B: Backend> Inner<B> {
         Ok(())
     }
 
-    /// One of `id`'s events completed: the block is freed after its last
-    /// (the merged free block, then).
-    fn event_done(&mut self, id: BlockId) -> Option<BlockId> {
+    /// One of `id`'s events completed: the block is freed after its last.
+    fn event_done(&mut self, id: BlockId) {
         self.events.outstanding -= 1;
         let b = &mut self.blocks[id];
         b.event_count -= 1;
-        (b.event_count == 0 && b.stream_uses.is_empty()).then(|| self.free_block(id))
+        if b.event_count == 0 && b.stream_uses.is_empty() {
+            self.free_block(id);
+        }
     }
 
     /// Flushes blocks deferred during a capture once no capture is underway
@@ -404,11 +417,7 @@ impl<B: Backend> Inner<B> {
                     .pop_front()
                     .expect("front exists");
                 self.events.pool.push(e.event);
-                if let Some(id) = self.event_done(e.block) {
-                    // its uses on other streams are over; a fence covers
-                    // those on its own
-                    self.fence_free(backend, id);
-                }
+                self.event_done(e.block);
             }
         }
         Ok(())

@@ -13,7 +13,7 @@ use crate::engine::block::{BState, Block, BlockId, NIL};
 use crate::engine::history::TraceAction;
 use crate::engine::pools::DEFAULT_POOL;
 use crate::engine::rounding::SMALL_BUFFER;
-use crate::engine::segments::{UnmapSync, stream_idle, sync_stream};
+use crate::engine::segments::{UnmapSync, sync_stream};
 use crate::engine::state::{Inner, Params};
 use crate::error::Error;
 
@@ -52,6 +52,12 @@ struct Chain {
 const FIRST_SLACK: u64 = 50;
 /// The largest allowance: 1/`MAX_SLACK` of the allocated peak.
 const MAX_SLACK: u64 = 16;
+/// The hard cap of recycling on a busy device: 1/`HARD_SLACK` of the
+/// allocated peak above it. Past the recycling cap, free pages whose work
+/// is done are recycled at once; pages with work pending are waited for
+/// (a synchronization of their stream) only when growing instead would
+/// take reserved memory past this cap.
+const HARD_SLACK: u64 = 8;
 
 impl Recycling {
     /// The allowance for an allocated peak of `live` bytes.
@@ -119,6 +125,7 @@ impl<B: Backend> Inner<B> {
             return;
         }
         let mut want = current + need - cap;
+        let slack = (live / HARD_SLACK).saturating_sub(cap - live.min(cap));
         let mut cands: Vec<(u64, u64, BlockId)> = Vec::new();
         for small in [true, false] {
             for e in self.pools.pool(DEFAULT_POOL, small).free.iter() {
@@ -131,13 +138,17 @@ impl<B: Backend> Inner<B> {
             }
         }
         cands.sort_unstable();
-        // Pages with no work pending go first (no wait: the host stays
-        // ahead of the device): those of streams whose work has all
-        // completed, and those freed before a completion fence of their
-        // stream that has completed (the stream busy with later work);
-        // then, if that is not enough, pages of busy streams, after one
-        // synchronization each.
-        let mut idle: Vec<(B::Stream, bool, u64)> = Vec::new();
+        // Pages with no work pending go first, with no wait (the host stays
+        // ahead of the device): a block is done when a completion fence of
+        // its stream recorded after its free has completed (every block of
+        // an idle stream is; `EventState::probe`, one probe per stream).
+        // Then, if that is not enough and reserved memory would pass the
+        // hard cap (the allocated peak plus 1/`HARD_SLACK`), pages of busy
+        // streams, after one synchronization each; below it the segment
+        // grows instead: a stall of the pipeline costs more than a few
+        // pages.
+        let clock = self.events.clock();
+        let mut done: Vec<(B::Stream, u64)> = Vec::new();
         for busy_pass in [false, true] {
             for &(_, _, id) in &cands {
                 if want == 0 {
@@ -148,33 +159,29 @@ impl<B: Backend> Inner<B> {
                     continue;
                 }
                 let stream = self.segments.expandable_at(self.blocks[id].addr).1.stream;
-                let known = idle.iter().find(|e| e.0 == stream).map(|e| (e.1, e.2));
-                let (is_idle, fenced) = match known {
-                    Some(v) => v,
-                    None => {
-                        let v = stream_idle(backend, stream);
-                        let f = if v {
-                            0
-                        } else {
-                            self.events.fenced(backend, stream)
-                        };
-                        idle.push((stream, v, f));
-                        (v, f)
-                    }
-                };
-                let done = is_idle
-                    || (self.blocks[id].stream == stream && self.blocks.freed_at(id) <= fenced);
-                if !done {
+                let own = self.blocks[id].stream;
+                let ok = self.done_on(backend, &mut done, own) >= self.blocks.freed_at(id)
+                    && (own == stream || self.done_on(backend, &mut done, stream) == clock);
+                if !ok {
                     if !busy_pass {
                         continue;
+                    }
+                    if want <= slack {
+                        // within the hard cap: grow rather than wait
+                        return;
                     }
                     if let Err(err) = sync_stream(backend, stream) {
                         tracing::debug!(%err, "synchronizing before recycling failed; pages stay mapped");
                         continue;
                     }
-                    // synchronized: idle from now on
-                    if let Some(e) = idle.iter_mut().find(|e| e.0 == stream) {
-                        e.1 = true;
+                    // synchronized: done from now on
+                    self.events.synchronized(stream);
+                    for s in [stream, own] {
+                        if let Some(e) = done.iter_mut().find(|e| e.0 == s) {
+                            e.1 = clock;
+                        } else {
+                            done.push((s, clock));
+                        }
                     }
                 }
                 // the range stays reserved: the stream maps into it again soon
@@ -183,6 +190,17 @@ impl<B: Backend> Inner<B> {
                 self.recycling.moved(got, live);
             }
         }
+    }
+
+    /// [`EventState::probe`](crate::engine::events) of `stream`, once per
+    /// recycling call (`seen` caches the answers).
+    fn done_on(&mut self, backend: &B, seen: &mut Vec<(B::Stream, u64)>, stream: B::Stream) -> u64 {
+        if let Some(e) = seen.iter().find(|e| e.0 == stream) {
+            return e.1;
+        }
+        let d = self.events.probe(backend, stream);
+        seen.push((stream, d));
+        d
     }
 
     /// The chain of free and unmapped blocks of `p.stream` at unmapped

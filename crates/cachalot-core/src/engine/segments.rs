@@ -260,20 +260,6 @@ pub(crate) fn sync_stream<B: Backend>(backend: &B, stream: B::Stream) -> Result<
     })
 }
 
-/// Whether every piece of work queued on `stream` so far has completed
-/// (an event recorded now and queried, without waiting). An error reads
-/// as busy: the caller then synchronizes, which reports it.
-pub(crate) fn stream_idle<B: Backend>(backend: &B, stream: B::Stream) -> bool {
-    backend.create_event().is_ok_and(|ev| {
-        let idle = backend
-            .record_event(&ev, stream)
-            .and_then(|()| backend.query_event(&ev))
-            .unwrap_or(false);
-        let _ = backend.destroy_event(ev);
-        idle
-    })
-}
-
 impl<B: Backend> Inner<B> {
     /// Gets a new segment of `p.alloc_size` bytes from the device as one free
     /// block counted out to `p.stream` (PyTorch's `alloc_block`).

@@ -344,8 +344,7 @@ impl<B: Backend> Inner<B> {
         if b.stream_uses.is_empty() && b.capture_uses.is_empty() && !self.capture.is_active() {
             // the common case: nothing can fail
             self.retire(id);
-            let id = self.free_block(id);
-            self.fence_free(backend, id);
+            self.free_block(id);
             return Ok(());
         }
         self.free_with_uses(backend, addr, id)
@@ -369,8 +368,7 @@ impl<B: Backend> Inner<B> {
             FreePlan::Now => {
                 // uses recorded during an earlier capture end with it
                 self.blocks[id].capture_uses.clear();
-                let id = self.free_block(id);
-                self.fence_free(backend, id);
+                self.free_block(id);
             }
             FreePlan::InCapture => {
                 let id = self.free_block(id);
@@ -437,20 +435,6 @@ impl<B: Backend> Inner<B> {
             Vec::new()
         };
         Ok(FreePlan::Defer(markers))
-    }
-
-    /// After the free of expandable block `id` in cachalot's expandable
-    /// mode: a completion fence on its stream, so page recycling can tell
-    /// once its uses are over without waiting for the stream
-    /// ([`EventState::fence`](crate::engine::events)). Not in a capture
-    /// (recycling waits until it ends; an event recorded there would be a
-    /// graph node).
-    pub(super) fn fence_free(&mut self, backend: &B, id: BlockId) {
-        let b = &self.blocks[id];
-        if b.expandable && self.recycles_pages() && !self.capture.is_active() {
-            let stream = b.stream;
-            self.events.fence(backend, stream);
-        }
     }
 
     /// Returns a block to its pool, merging with free neighbours of its
