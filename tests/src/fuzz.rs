@@ -588,6 +588,11 @@ impl World {
         }
         let races = self.m.races();
         assert!(races.is_empty(), "race after {op:?}: {}", races[0]);
+        assert_eq!(
+            self.m.counters().unmap_refused,
+            0,
+            "a page unmapped under pending work after {op:?}"
+        );
     }
 }
 

@@ -379,6 +379,9 @@ fn run_with(ops: Vec<Op>, completion: Completion, expandable: bool) -> Result<()
             "race: {}",
             m.races().first().map(|r| r.to_string()).unwrap_or_default()
         );
+        // recycling never unmaps a page whose work is pending (completion
+        // fences, the hard cap's synchronization)
+        prop_assert_eq!(m.counters().unmap_refused, 0);
     }
     for l in live.drain(..) {
         a.free(l.addr).unwrap();

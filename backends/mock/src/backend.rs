@@ -635,6 +635,7 @@ impl State {
                 .enumerate()
                 .find(|&(j, &pos)| self.streams.get(j).is_some_and(|st| pos > st.completed));
             if let Some((j, &pos)) = pending {
+                self.counters.unmap_refused += 1;
                 return Err(err(
                     CALL,
                     codes::NOT_READY,

@@ -435,6 +435,10 @@ pub struct MockCounters {
     pub injected: u64,
     /// Captures invalidated (by misuse or `invalidate_capture`).
     pub captures_invalidated: u64,
+    /// `VirtualMemory::unmap` calls refused because work touching the
+    /// mapping had not completed (the caller did not wait for it: on a real
+    /// GPU, pages pulled from under running work).
+    pub unmap_refused: u64,
     /// `VirtualMemory::granularity` calls.
     pub granularity: u64,
     /// `VirtualMemory::reserve` calls.
