@@ -156,6 +156,35 @@ fn recycling_grows_rather_than_waits_below_the_hard_cap() {
     d.drop_without_vmm_leaks();
 }
 
+/// The hard cap is at most 64 MiB above the allocated peak: for a large
+/// workload a gigabyte (1/8) is worth more than a stall. With 1 GiB freed
+/// on a busy stream, 40 MiB more grows; 60 MiB more after that (1,124 MiB,
+/// within 1/8 but past 1 GiB + 64 MiB) waits for the stream.
+#[test]
+fn the_hard_cap_is_bounded_for_large_workloads() {
+    let d = Dev::manual(CACHALOT);
+    let s1 = d.stream();
+    let a = d.alloc(1024 * MIB);
+    d.m.use_memory(d.s0(), a, 1024 * MIB, 1).unwrap();
+    d.free(a); // its use pending
+    let syncs = d.m.call_count(MockCall::SynchronizeEvent);
+    let b = d.alloc_on(40 * MIB, s1);
+    assert_eq!(d.m.call_count(MockCall::SynchronizeEvent), syncs, "grew");
+    assert_eq!(reserved(&d), 1064 * MIB as i64);
+    let c = d.alloc_on(60 * MIB, s1);
+    assert_eq!(
+        d.m.call_count(MockCall::SynchronizeEvent),
+        syncs + 1,
+        "waited for s0"
+    );
+    assert!(reserved(&d) <= 1066 * MIB as i64, "{}", reserved(&d));
+    assert_eq!(d.m.counters().unmap_refused, 0);
+    d.m.complete_all();
+    d.free(b);
+    d.free(c);
+    d.drop_without_vmm_leaks();
+}
+
 /// The cudarc example's training loop (`examples/mlp-train`: five layers,
 /// batch sizes cycling through eight values, inputs uploaded on a second
 /// stream and used on the first) on a device that lags the host: once it

@@ -53,11 +53,17 @@ const FIRST_SLACK: u64 = 50;
 /// The largest allowance: 1/`MAX_SLACK` of the allocated peak.
 const MAX_SLACK: u64 = 16;
 /// The hard cap of recycling on a busy device: 1/`HARD_SLACK` of the
-/// allocated peak above it. Past the recycling cap, free pages whose work
-/// is done are recycled at once; pages with work pending are waited for
-/// (a synchronization of their stream) only when growing instead would
-/// take reserved memory past this cap.
+/// allocated peak above it, at most [`HARD_SLACK_MAX`]. Past the recycling
+/// cap, free pages whose work is done are recycled at once; pages with
+/// work pending are waited for (a synchronization of their stream) only
+/// when growing instead would take reserved memory past this cap. Small
+/// workloads round to whole pages per stream and pool, so a relative cap;
+/// for large ones a few dozen pages are not worth a pipeline stall, but a
+/// gigabyte is (GPT-2 training with 1/8 alone: 9,746 MiB reserved against
+/// PyTorch expandable's 9,724).
 const HARD_SLACK: u64 = 8;
+/// The most growth that recycling prefers to a wait: 64 MiB (32 pages).
+const HARD_SLACK_MAX: u64 = 64 << 20;
 
 impl Recycling {
     /// The allowance for an allocated peak of `live` bytes.
@@ -125,7 +131,9 @@ impl<B: Backend> Inner<B> {
             return;
         }
         let mut want = current + need - cap;
-        let slack = (live / HARD_SLACK).saturating_sub(cap - live.min(cap));
+        let slack = (live / HARD_SLACK)
+            .min(HARD_SLACK_MAX)
+            .saturating_sub(cap - live.min(cap));
         let mut cands: Vec<(u64, u64, BlockId)> = Vec::new();
         for small in [true, false] {
             for e in self.pools.pool(DEFAULT_POOL, small).free.iter() {
@@ -143,7 +151,8 @@ impl<B: Backend> Inner<B> {
         // its stream recorded after its free has completed (every block of
         // an idle stream is; `EventState::probe`, one probe per stream).
         // Then, if that is not enough and reserved memory would pass the
-        // hard cap (the allocated peak plus 1/`HARD_SLACK`), pages of busy
+        // hard cap (the allocated peak plus 1/`HARD_SLACK`, at most
+        // `HARD_SLACK_MAX`), pages of busy
         // streams, after one synchronization each; below it the segment
         // grows instead: a stall of the pipeline costs more than a few
         // pages.
