@@ -226,10 +226,8 @@ impl<S: Copy + Ord> Shard<S> {
         let st = StatType::of_pool(small);
         // the merges, planned
         let slab = &self.slab;
-        let mergeable =
-            |n: BlockId| n != NIL && slab[n].state == BState::Free && slab[n].stream == stream;
         let (prev, next) = (b.prev, b.next);
-        let (mp, mn) = (mergeable(prev), mergeable(next));
+        let (mp, mn) = (mergeable(slab, prev, stream), mergeable(slab, next, stream));
         let mut split_count = 0i64;
         let mut split_bytes = 0i64;
         let mut merged = size;
@@ -323,6 +321,13 @@ impl<S: Copy + Ord> Shard<S> {
         debug_assert!(self.log.len() < LOG_CAP);
         self.log.push(Entry::of(&rec, now()));
     }
+}
+
+/// Whether neighbour `n` merges into a block of `stream` being freed: a
+/// free block of the same stream (inlined: the free path's hottest test).
+#[inline(always)]
+fn mergeable<S: Copy + Ord>(slab: &Slab<S>, n: BlockId, stream: S) -> bool {
+    n != NIL && slab[n].state == BState::Free && slab[n].stream == stream
 }
 
 /// Takes free block `id` of `stream` out of `free` before a merge (the
