@@ -170,6 +170,38 @@ fn recycling_grows_rather_than_waits_below_the_hard_cap() {
     }
 }
 
+/// Completion fences stay bounded when streams come and go: a fence is
+/// kept for at most 64 streams, so blocks freed with work pending on 150
+/// streams (a stream per request) leave no more than that many fence
+/// events, and every event is destroyed with the allocator.
+#[test]
+fn completion_fences_are_bounded_over_many_streams() {
+    let d = Dev::manual(CACHALOT);
+    let streams: Vec<MockStream> = (0..150).map(|_| d.stream()).collect();
+    for (i, &s) in streams.iter().enumerate() {
+        let p = d.alloc_on(2 * MIB, s);
+        d.m.use_memory(s, p, 2 * MIB, i as u64).unwrap();
+        d.free(p); // its use pending
+    }
+    // each allocation on a new stream went past the recycling cap, so
+    // recycling probed the streams before it (one fence each)
+    let setup = d.m.live_events();
+    assert!((1..=64).contains(&setup), "{setup} fence events");
+    // and once more for all of them: none done, it waits past the hard cap
+    let big = d.alloc(400 * MIB);
+    assert!(
+        d.m.live_events() <= 64,
+        "{} fence events",
+        d.m.live_events()
+    );
+    assert_eq!(d.m.counters().unmap_refused, 0);
+    d.m.complete_all();
+    d.free(big);
+    let m = d.m.clone();
+    d.drop_without_vmm_leaks();
+    assert_eq!(m.live_events(), 0, "no event left after the drop");
+}
+
 /// The cudarc example's training loop (`examples/mlp-train`: five layers,
 /// batch sizes cycling through eight values, inputs uploaded on a second
 /// stream and used on the first) on a device that lags the host: once it

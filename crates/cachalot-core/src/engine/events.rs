@@ -42,7 +42,11 @@ struct StreamFences<B: Backend> {
 
 /// Most fences pending on one stream; past it a probe records none (the
 /// blocks freed since are proven idle by a later fence, or waited for).
-const FENCE_RING: usize = 32;
+const FENCE_RING: usize = 16;
+
+/// Most streams that keep fences ([`EventState::fences_of`]): with
+/// [`FENCE_RING`], at most 1,024 fence events in all.
+const FENCE_STREAMS: usize = 64;
 
 /// The event pool and the queues of recorded end-of-life events.
 pub(crate) struct EventState<B: Backend> {
@@ -158,10 +162,26 @@ impl<B: Backend> EventState<B> {
         self.free_clock
     }
 
-    fn fences_of(&mut self, stream: B::Stream) -> usize {
+    /// The fences of `stream`, made when missing. At most
+    /// [`FENCE_STREAMS`] streams keep fences: past it, those with none
+    /// pending are forgotten, then the one probed least recently, its
+    /// events destroyed (a program that makes a stream per request must
+    /// not grow them without end). Forgetting is conservative: the
+    /// stream's blocks wait for a new fence, or for the stream.
+    fn fences_of(&mut self, backend: &B, stream: B::Stream) -> usize {
         match self.fences.iter().position(|f| f.stream == stream) {
             Some(i) => i,
             None => {
+                if self.fences.len() >= FENCE_STREAMS {
+                    self.fences.retain(|f| !f.ring.is_empty());
+                }
+                if self.fences.len() >= FENCE_STREAMS
+                    && let Some(old) = (0..self.fences.len()).min_by_key(|&i| self.fences[i].last)
+                {
+                    for (_, ev) in self.fences.swap_remove(old).ring {
+                        let _ = backend.destroy_event(ev);
+                    }
+                }
                 self.fences.push(StreamFences {
                     stream,
                     ring: VecDeque::new(),
@@ -185,7 +205,7 @@ impl<B: Backend> EventState<B> {
     /// none when the ring is full or the backend fails (conservative: the
     /// blocks wait for a later fence, or recycling waits for the stream).
     pub fn probe(&mut self, backend: &B, stream: B::Stream) -> u64 {
-        let i = self.fences_of(stream);
+        let i = self.fences_of(backend, stream);
         let done = self.poll_fences(backend, i);
         let clock = self.free_clock;
         if done == clock || self.fences[i].last == clock {
@@ -216,8 +236,8 @@ impl<B: Backend> EventState<B> {
 
     /// After a synchronization of `stream`: every block freed on it so
     /// far is done.
-    pub fn synchronized(&mut self, stream: B::Stream) {
-        let i = self.fences_of(stream);
+    pub fn synchronized(&mut self, backend: &B, stream: B::Stream) {
+        let i = self.fences_of(backend, stream);
         self.fences[i].done = self.free_clock;
     }
 

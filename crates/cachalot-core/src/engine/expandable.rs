@@ -184,7 +184,7 @@ impl<B: Backend> Inner<B> {
                         continue;
                     }
                     // synchronized: done from now on
-                    self.events.synchronized(stream);
+                    self.events.synchronized(backend, stream);
                     for s in [stream, own] {
                         if let Some(e) = done.iter_mut().find(|e| e.0 == s) {
                             e.1 = clock;
