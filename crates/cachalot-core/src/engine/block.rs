@@ -357,7 +357,7 @@ impl<S> Blocks<S> {
     /// freed, the later of its parts' after a merge, its parent's after a
     /// split ([`Self::split`], [`Self::absorb_next`]). A completion fence
     /// of its stream with a stamp at least this one proves its pages have
-    /// no work pending (`EventState::fence`). A block never handed out
+    /// no work pending (`EventState::probe`). A block never handed out
     /// (fresh pages, nothing pending) may read any value: only splits,
     /// merges and frees of expandable blocks write it.
     #[inline]

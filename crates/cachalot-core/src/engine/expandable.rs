@@ -65,6 +65,15 @@ const HARD_SLACK: u64 = 8;
 /// The most growth that recycling prefers to a wait: 64 MiB (32 pages).
 const HARD_SLACK_MAX: u64 = 64 << 20;
 
+/// Records in `seen` (a recycling call's answers of
+/// [`Inner::done_on`]) that `stream`'s blocks freed up to `stamp` are done.
+fn note_done<S: PartialEq>(seen: &mut Vec<(S, u64)>, stream: S, stamp: u64) {
+    match seen.iter_mut().find(|e| e.0 == stream) {
+        Some(e) => e.1 = stamp,
+        None => seen.push((stream, stamp)),
+    }
+}
+
 impl Recycling {
     /// The allowance for an allocated peak of `live` bytes.
     fn allowance(&self, live: u64) -> u64 {
@@ -152,10 +161,9 @@ impl<B: Backend> Inner<B> {
         // an idle stream is; `EventState::probe`, one probe per stream).
         // Then, if that is not enough and reserved memory would pass the
         // hard cap (the allocated peak plus 1/`HARD_SLACK`, at most
-        // `HARD_SLACK_MAX`), pages of busy
-        // streams, after one synchronization each; below it the segment
-        // grows instead: a stall of the pipeline costs more than a few
-        // pages.
+        // `HARD_SLACK_MAX`), pages of busy streams, after one
+        // synchronization each; below it the segment grows instead: a stall
+        // of the pipeline costs more than a few pages.
         let clock = self.events.clock();
         let mut done: Vec<(B::Stream, u64)> = Vec::new();
         for busy_pass in [false, true] {
@@ -179,18 +187,20 @@ impl<B: Backend> Inner<B> {
                         // within the hard cap: grow rather than wait
                         return;
                     }
-                    if let Err(err) = sync_stream(backend, stream) {
+                    // the segment's stream, and the block's own if another
+                    let waits: &[B::Stream] = if own == stream {
+                        &[stream]
+                    } else {
+                        &[stream, own]
+                    };
+                    if let Err(err) = waits.iter().try_for_each(|&s| sync_stream(backend, s)) {
                         tracing::debug!(%err, "synchronizing before recycling failed; pages stay mapped");
                         continue;
                     }
                     // synchronized: done from now on
-                    self.events.synchronized(backend, stream);
-                    for s in [stream, own] {
-                        if let Some(e) = done.iter_mut().find(|e| e.0 == s) {
-                            e.1 = clock;
-                        } else {
-                            done.push((s, clock));
-                        }
+                    for &s in waits {
+                        self.events.synchronized(backend, s);
+                        note_done(&mut done, s, clock);
                     }
                 }
                 // the range stays reserved: the stream maps into it again soon
@@ -208,7 +218,7 @@ impl<B: Backend> Inner<B> {
             return e.1;
         }
         let d = self.events.probe(backend, stream);
-        seen.push((stream, d));
+        note_done(seen, stream, d);
         d
     }
 
