@@ -742,21 +742,27 @@ mod tests {
         })
     }
 
+    /// Device stats with history: enough of everything for the random
+    /// frees of the tests, and peaks above the currents.
+    fn stats_with_history() -> DeviceStats {
+        let mut stats = DeviceStats::default();
+        for st in [StatType::SmallPool, StatType::LargePool] {
+            for (arr, _) in ARR_KIND {
+                stats.inc(arr, st, 1 << 40);
+                stats.dec(arr, st, 1 << 20);
+            }
+        }
+        stats.oversize(1 << 30);
+        stats
+    }
+
     /// The replay (the merge by runs, the window of sums) gives the stats
     /// of applying each operation's transitions one by one, in (stamp,
     /// index) order, from a device state with history.
     #[test]
     fn replay_matches_the_transitions_one_by_one_in_stamp_order() {
         let mut next = xorshift(0x2545_f491_4f6c_dd1d);
-        let mut start = DeviceStats::default();
-        for st in [StatType::SmallPool, StatType::LargePool] {
-            // enough of everything for the frees below, and peaks above
-            for (arr, _) in ARR_KIND {
-                start.inc(arr, st, 1 << 40);
-                start.dec(arr, st, 1 << 20);
-            }
-        }
-        start.oversize(1 << 30);
+        let mut start = stats_with_history();
         for round in 0..400 {
             let nlogs = 1 + (next() % 6) as usize;
             let per = [2, 5, 60][round % 3];
@@ -811,14 +817,7 @@ mod tests {
     #[test]
     fn a_solo_window_folds_to_the_transitions_applied_in_turn() {
         let mut next = xorshift(0x1234_5678_9abc_def1);
-        let mut dev = DeviceStats::default();
-        for st in [StatType::SmallPool, StatType::LargePool] {
-            for (arr, _) in ARR_KIND {
-                dev.inc(arr, st, 1 << 40);
-                dev.dec(arr, st, 1 << 20);
-            }
-        }
-        dev.oversize(1 << 30);
+        let mut dev = stats_with_history();
         dev.reset_accumulated();
         let mut want = dev.clone();
         let mut mirror = Window::default();
