@@ -38,6 +38,6 @@ echo "== mlp-train: way, median step ms, alloc host us/step, peak MiB (driver), 
 for f in "$OUT"/cudarc-new-*.txt "$OUT"/cudarc-old-*.txt; do
   [ -f "$f" ] || continue
   echo "-- $(basename "$f" .txt)"
-  grep -E "^(cudarc|cachalot|cachalot-expandable) " "$f" | awk '{print $1, $2, $5, $7, $8, $9}'
+  awk '$1 ~ /^(cudarc|cachalot|cachalot-expandable)$/ && $2 ~ /^[0-9.]+$/ {print $1, $2, $5, $7, $8, $9}' "$f"
 done
 if [ -f "$OUT/trace_ab.txt" ]; then tail -n 45 "$OUT/trace_ab.txt"; fi
