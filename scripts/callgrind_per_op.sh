@@ -18,6 +18,8 @@
 # Runs use `env -i PATH=/usr/bin:/bin` from the repo root, with the same argv apart from
 # the pass count, so the environment cannot perturb the counts.
 # Each trace costs two callgrind runs (seconds to a minute each on the synthetic traces).
+# CONFIG=... (e.g. CONFIG=expandable_segments:True) replays under that allocator
+# configuration (`--config`); unset, the default.
 set -euo pipefail
 
 if [[ ${1:-} == --bin ]]; then shift; fi
@@ -35,12 +37,14 @@ fi
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 RUN=(env -i PATH=/usr/bin:/bin)
+CFG=()
+if [[ -n ${CONFIG:-} ]]; then CFG=(--config "$CONFIG"); fi
 
 # Total Ir of one callgrind run of `BIN replay --backend mock --passes $2 $1`.
 ir() {
   local out="$TMP/cg.$2.out"
   "${RUN[@]}" valgrind --tool=callgrind --callgrind-out-file="$out" \
-    "$BIN" replay --backend mock --passes "$2" "$1" >/dev/null 2>"$TMP/cg.log" \
+    "$BIN" replay --backend mock "${CFG[@]}" --passes "$2" "$1" >/dev/null 2>"$TMP/cg.log" \
     || { cat "$TMP/cg.log" >&2; exit 1; }
   # "summary: N" (older valgrind) or "totals: N" (the first event is Ir)
   awk '/^(summary|totals):/ {print $2; exit}' "$out"
@@ -48,7 +52,7 @@ ir() {
 
 printf '%-24s %10s %14s %14s %10s\n' trace ops "Ir(passes=2)" "Ir(passes=4)" Ir/op
 for t in "$@"; do
-  ops=$("${RUN[@]}" "$BIN" replay --backend mock --json --passes 1 "$t" \
+  ops=$("${RUN[@]}" "$BIN" replay --backend mock "${CFG[@]}" --json --passes 1 "$t" \
         | python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["ops"])')
   ir2=$(ir "$t" 2)
   ir4=$(ir "$t" 4)

@@ -6,6 +6,7 @@
 //! growing instead; each test shows both.
 
 use cachalot_conformance::mock::{Dev, MIB, replay_on_mock};
+use cachalot_core::PathCounts;
 use cachalot_core::replay::Trace;
 use cachalot_mock::{MockCall, MockStream};
 
@@ -97,7 +98,15 @@ fn recycling_takes_a_busy_streams_pages_whose_uses_are_over() {
     let r = d.alloc_on(8 * MIB, s1);
     assert_eq!(reserved(&d), 92 * MIB as i64);
     d.m.use_memory(d.s0(), c, 40 * MIB, 2).unwrap();
+    let before = PathCounts::this_thread();
     d.free(c);
+    // (on the stream's shard: stamped by the shard's clock, which starts
+    // at the device's, so above the fence just recorded)
+    assert_eq!(
+        PathCounts::this_thread().since(&before).fast,
+        1,
+        "c freed on the shard"
+    );
     d.m.complete_n(d.s0(), 1).unwrap(); // a's use and the fence done; c's pending
     let syncs = d.m.call_count(MockCall::SynchronizeEvent);
     let unmaps = d.m.call_count(MockCall::Unmap);
@@ -115,6 +124,55 @@ fn recycling_takes_a_busy_streams_pages_whose_uses_are_over() {
     d.m.complete_all();
     assert_eq!(d.m.tag_at(c), Some(2), "c's data intact");
     assert_eq!(d.m.tag_at(b), Some(3));
+    for p in [b, r, sep] {
+        d.free(p);
+    }
+    d.drop_without_vmm_leaks();
+}
+
+/// A fast free (on its stream's shard) is stamped from the shard's clock,
+/// which starts at the device's at every check-out: so a block freed after
+/// a completion fence counts as freed after it even when the other shards
+/// have freed far more (and moved the device's clock past this shard's own
+/// count). Its pages then stay while its use is pending; the older block's
+/// move, and the mock refuses no unmap.
+#[test]
+fn shard_free_stamps_follow_the_devices_clock() {
+    let d = Dev::manual(CACHALOT);
+    let s1 = d.stream();
+    let s2 = d.stream();
+    let c = d.alloc(40 * MIB);
+    let sep = d.alloc(4 * MIB);
+    let a = d.alloc(40 * MIB);
+    d.m.use_memory(d.s0(), a, 40 * MIB, 1).unwrap();
+    d.free(a);
+    // another shard frees many times
+    let small: Vec<u64> = (0..16).map(|_| d.alloc_on(64 << 10, s2)).collect();
+    let before = PathCounts::this_thread();
+    for p in small {
+        d.free(p);
+    }
+    assert_eq!(PathCounts::this_thread().since(&before).fast, 16);
+    // past the recycling cap: s0 is probed (a fence after a's free and
+    // every free so far) and the segment grows
+    let r = d.alloc_on(8 * MIB, s1);
+    d.m.use_memory(d.s0(), c, 40 * MIB, 2).unwrap();
+    let before = PathCounts::this_thread();
+    d.free(c);
+    assert_eq!(
+        PathCounts::this_thread().since(&before).fast,
+        1,
+        "c freed on the shard"
+    );
+    d.m.complete_n(d.s0(), 1).unwrap(); // a's use and the fence done; c's pending
+    let b = d.alloc_on(40 * MIB, s1);
+    assert_eq!(d.m.counters().unmap_refused, 0, "c's pages were not taken");
+    assert_eq!(d.m.pending(d.s0()).unwrap(), 1, "c's use still pending");
+    d.m.use_memory(s1, b, 40 * MIB, 3).unwrap();
+    d.m.complete_all();
+    assert_eq!(d.m.tag_at(c), Some(2), "c's data intact");
+    assert_eq!(d.m.tag_at(b), Some(3));
+    assert_eq!(d.m.invalid_access_count(), 0);
     for p in [b, r, sep] {
         d.free(p);
     }

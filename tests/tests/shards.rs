@@ -274,20 +274,36 @@ fn frees_from_other_threads_are_exact() {
     ));
 }
 
-/// How operations are served: with fixed segments a repeated hit and free
-/// run on the stream's shard alone; with expandable segments (the fast
-/// path is off for good) every one goes to the device at once, and the
-/// device path then holds no shard (the results are the same either way).
+/// How operations are served: a repeated hit and free run on the
+/// stream's shard alone, with fixed segments and with expandable ones in
+/// both modes (a hit in a mapped block of an expandable segment is a hit
+/// like any other; a free stamps the block from the shard's clock). Once
+/// expandable segments are turned off after use, the fast path is off for
+/// good (the engine's best fit must then skip their blocks): every
+/// operation goes to the device at once, and the device path then holds
+/// no shard (the results are the same either way).
 #[test]
 fn paths_by_mode() {
     use cachalot_core::{Backend, PathCounts};
-    for (config, fast) in [("", true), ("expandable_segments:True", false)] {
+    for (config, later, fast) in [
+        ("", None, true),
+        ("expandable_segments:True", None, true),
+        ("placement:pytorch,expandable_segments:True", None, true),
+        (
+            "expandable_segments:True",
+            Some("expandable_segments:False"),
+            false,
+        ),
+    ] {
         let m = MockConfig::new(16 * GIB).build();
         let a = CachingAllocator::with_config(m.clone(), AllocatorConfig::parse(config).unwrap())
             .unwrap();
         let s = m.default_stream();
         let p = a.allocate(1 << 20, s).unwrap();
         a.free(p).unwrap();
+        if let Some(c) = later {
+            a.set_config(c).unwrap();
+        }
         let before = PathCounts::this_thread();
         for _ in 0..1000 {
             let p = a.allocate(1 << 20, s).unwrap();

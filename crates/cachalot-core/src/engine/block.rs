@@ -180,6 +180,11 @@ pub(crate) struct Slab<S> {
     part: u32,
     blocks: Vec<Block<S>>,
     free_slots: Vec<BlockId>,
+    /// The free stamps of expandable blocks, by slot ([`Blocks::freed_at`]);
+    /// kept beside the blocks so that a block stays as small as the fast
+    /// path wants it, and in the part so that a shard's fast free can set
+    /// them.
+    stamps: Vec<u64>,
 }
 
 impl<S> Slab<S> {
@@ -189,7 +194,27 @@ impl<S> Slab<S> {
             part: part as u32,
             blocks: Vec::new(),
             free_slots: Vec::new(),
+            stamps: Vec::new(),
         }
+    }
+
+    /// [`Blocks::freed_at`] of `id`, a block of this part.
+    #[inline]
+    pub fn freed_at(&self, id: BlockId) -> u64 {
+        debug_assert_eq!(part_of(id), self.part as usize, "block of another part");
+        let slot = (id as usize) & (PART_SLOTS - 1);
+        self.stamps.get(slot).copied().unwrap_or(0)
+    }
+
+    /// Sets [`Self::freed_at`] of `id`.
+    #[inline]
+    pub fn set_freed_at(&mut self, id: BlockId, stamp: u64) {
+        debug_assert_eq!(part_of(id), self.part as usize, "block of another part");
+        let slot = (id as usize) & (PART_SLOTS - 1);
+        if self.stamps.len() <= slot {
+            self.stamps.resize(slot + 1, 0);
+        }
+        self.stamps[slot] = stamp;
     }
 
     /// The part's index.
@@ -337,10 +362,6 @@ impl<S: Copy> Slab<S> {
 /// (splits stay in their part), so split and merge never cross parts.
 pub(crate) struct Blocks<S> {
     pub(super) parts: Vec<Slab<S>>,
-    /// The free stamps of expandable blocks, by part and slot
-    /// ([`Blocks::freed_at`]); kept beside the slab, which shards check
-    /// out, so a block stays as small as the fast path wants it.
-    stamps: Vec<Vec<u64>>,
 }
 
 impl<S> Blocks<S> {
@@ -348,7 +369,6 @@ impl<S> Blocks<S> {
     pub fn new(n: usize) -> Self {
         Self {
             parts: (0..n).map(Slab::new).collect(),
-            stamps: vec![Vec::new(); n],
         }
     }
 
@@ -362,18 +382,12 @@ impl<S> Blocks<S> {
     /// merges and frees of expandable blocks write it.
     #[inline]
     pub fn freed_at(&self, id: BlockId) -> u64 {
-        let slot = (id as usize) & (PART_SLOTS - 1);
-        self.stamps[part_of(id)].get(slot).copied().unwrap_or(0)
+        self.parts[part_of(id)].freed_at(id)
     }
 
     /// Sets [`Self::freed_at`] of `id`.
     pub fn set_freed_at(&mut self, id: BlockId, stamp: u64) {
-        let slot = (id as usize) & (PART_SLOTS - 1);
-        let v = &mut self.stamps[part_of(id)];
-        if v.len() <= slot {
-            v.resize(slot + 1, 0);
-        }
-        v[slot] = stamp;
+        self.parts[part_of(id)].set_freed_at(id, stamp)
     }
 }
 

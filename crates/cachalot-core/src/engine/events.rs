@@ -156,6 +156,12 @@ impl<B: Backend> EventState<B> {
         self.free_clock
     }
 
+    /// Takes a shard's clock (`Shard::free_clock`) into account: stamps
+    /// given from now on are above it.
+    pub fn observe_clock(&mut self, shard_clock: u64) {
+        self.free_clock = self.free_clock.max(shard_clock);
+    }
+
     /// The stamp of a block being freed now.
     pub fn stamp(&mut self) -> u64 {
         self.free_clock += 1;

@@ -25,9 +25,9 @@ use std::cell::Cell;
 use std::hash::{Hash, Hasher};
 
 use crate::config::{AllocatorConfig, Placement};
-use crate::engine::addr_table::AddrTable;
+use crate::engine::addr_table::{AddrTable, Slot};
 use crate::engine::block::{BState, BlockId, NIL, Slab, part_of};
-use crate::engine::free_set::{Back, FreeSet};
+use crate::engine::free_set::{Back, Found, FreeSet, Peeked};
 use crate::engine::placement::FitRule;
 use crate::engine::pools::DEFAULT_POOL;
 use crate::engine::rounding::{MIN_BLOCK_SIZE, SMALL_SIZE, round_size};
@@ -45,7 +45,8 @@ pub(crate) const SHARDS: usize = 16;
 pub(crate) struct FastView {
     /// The fast path is allowed: no capture, no pending events or deferred
     /// frees, no memory history, no garbage collection, no expandable
-    /// segments, no block outside the part of its stream's shard.
+    /// segments turned off after use, no block outside the part of its
+    /// stream's shard.
     pub ok: bool,
     /// The configuration (cloned only when it changed).
     pub config: AllocatorConfig,
@@ -99,6 +100,11 @@ pub(crate) struct Shard<S> {
     pub mirror_dirty: bool,
     /// What the fast path may do.
     pub view: FastView,
+    /// The free stamp of this shard's latest fast free of an expandable
+    /// block (`EventState::clock` at check-out, then counted up; the device
+    /// takes the highest of the shards' at check-in, so a completion fence
+    /// recorded after a free is stamped at least as high as it).
+    pub free_clock: u64,
 }
 
 impl<S: Copy + Ord> Shard<S> {
@@ -120,6 +126,7 @@ impl<S: Copy + Ord> Shard<S> {
                 gc_calls: [0; 2],
                 solo: false,
             },
+            free_clock: 0,
         }
     }
 
@@ -140,23 +147,58 @@ impl<S: Copy + Ord> Shard<S> {
         let rounded = round_size(size, cfg);
         let small = rounded <= SMALL_SIZE;
         let fit = FitRule::of(cfg);
-        let free = &mut self.free[small as usize];
+        if cfg.expandable_segments {
+            return self.alloc_expandable(size, rounded, stream);
+        }
+        let free = &self.free[small as usize];
         let Some(peeked) = free.peek_first_at_least(stream, rounded, |b| fit.accepts(rounded, b))
         else {
             return Err(Miss::Device);
         };
-        let found = peeked.found;
-        let id = found.id;
+        self.alloc_found(peeked, size, rounded, stream)
+    }
+
+    /// [`Self::try_alloc`] with expandable segments: the engine's
+    /// `get_free_block_expandable` (blocks found by the size they can grow
+    /// to).
+    #[inline(never)]
+    fn alloc_expandable(&mut self, size: u64, rounded: u64, stream: S) -> Result<u64, Miss> {
+        let small = rounded <= SMALL_SIZE;
+        let free = &self.free[small as usize];
+        let Some(found) = expandable_best_fit(free, &self.slab, stream, rounded) else {
+            return Err(Miss::Device);
+        };
+        if !FitRule::of(&self.view.config).accepts(rounded, found.size) {
+            return Err(Miss::Device);
+        }
+        self.alloc_found(ByKey(found), size, rounded, stream)
+    }
+
+    /// Hands out the block `how` found for a request of `size` bytes
+    /// (`rounded`) on `stream`: the rest of [`Self::try_alloc`] (the
+    /// engine's `alloc_found_block`), one copy per way of taking it.
+    #[inline(always)]
+    fn alloc_found<T: Take>(
+        &mut self,
+        how: T,
+        size: u64,
+        rounded: u64,
+        stream: S,
+    ) -> Result<u64, Miss> {
+        let cfg = &self.view.config;
+        let small = rounded <= SMALL_SIZE;
+        let id = how.found().id;
         if part_of(id) != self.slab.part() {
             return Err(Miss::Device);
         }
         let b = &self.slab[id];
-        debug_assert!(b.state == BState::Free && b.pool == DEFAULT_POOL && !b.expandable);
+        debug_assert!(b.state == BState::Free && b.pool == DEFAULT_POOL);
         let st = StatType::of_pool(small);
         let split = should_split(cfg, b.small, b.size, rounded);
         let already_split = b.is_split();
         let final_size = if split { rounded } else { b.size };
         let oversize = final_size >= cfg.max_split_size;
+        let expandable = T::EXPANDABLE && b.expandable;
         let tr = AllocTransitions {
             st,
             split,
@@ -165,17 +207,24 @@ impl<S: Copy + Ord> Shard<S> {
             rounded,
             requested: size,
             oversize,
+            expandable,
         };
         // ----- commit: nothing below fails -----
-        free.take_peeked(&peeked);
+        let free = &mut self.free[small as usize];
+        how.take(free, stream, b.dormant_key());
         let gc = self.view.gc_calls[small as usize];
         self.slab[id].dormant = false;
         if split {
             let rid = self.slab.split(id, rounded);
+            if expandable {
+                // the remainder keeps the parent's free stamp
+                let stamp = self.slab.freed_at(id);
+                self.slab.set_freed_at(rid, stamp);
+            }
             let r = &mut self.slab[rid];
             r.gc_base = gc;
             let (rs, ra) = (r.size, r.addr);
-            free.insert_peeked(&peeked, rs, ra, rid);
+            how.insert_rest(free, stream, rs, ra, rid);
         }
         let b = &mut self.slab[id];
         b.state = BState::Allocated;
@@ -212,11 +261,26 @@ impl<S: Copy + Ord> Shard<S> {
         if !b.stream_uses.is_empty()
             || !b.capture_uses.is_empty()
             || b.pool != DEFAULT_POOL
-            || b.expandable
             || b.state != BState::Allocated
         {
             return Err(Miss::Device);
         }
+        if b.expandable {
+            self.free_found::<true>(slot, id);
+        } else {
+            self.free_found::<false>(slot, id);
+        }
+        Ok(())
+    }
+
+    /// The rest of [`Self::try_free`] (the engine's `free_block`) for live
+    /// block `id` at `slot` of the live map, one copy for blocks of
+    /// expandable segments (`EXPANDABLE`: stamped, no `inactive_split`
+    /// change) and one for the others.
+    #[inline(always)]
+    fn free_found<const EXPANDABLE: bool>(&mut self, slot: Slot, id: BlockId) {
+        let expandable = EXPANDABLE;
+        let b = &self.slab[id];
         let (stream, small, size, requested, oversize) =
             (b.stream, b.small, b.size, b.requested, b.oversize);
         // the stream's set is here: blocks live in the part of their
@@ -248,6 +312,10 @@ impl<S: Copy + Ord> Shard<S> {
             split_count += 1;
             split_bytes += merged as i64;
         }
+        if expandable {
+            // expandable blocks stay out of `inactive_split` (PyTorch 2.11)
+            (split_count, split_bytes) = (0, 0);
+        }
         let tr = FreeTransitions {
             st,
             size,
@@ -271,6 +339,12 @@ impl<S: Copy + Ord> Shard<S> {
             unfile(free, &mut self.slab, stream, next);
             self.slab.absorb_next(id);
         }
+        if expandable {
+            // the engine's free stamp (`Blocks::freed_at`): this shard's
+            // clock, merged into the device's at check-in
+            self.free_clock += 1;
+            self.slab.set_freed_at(id, self.free_clock);
+        }
         let b = &mut self.slab[id];
         b.requested = 0;
         b.event_count = 0;
@@ -293,7 +367,6 @@ impl<S: Copy + Ord> Shard<S> {
             }
         }
         self.log(Rec::Free(tr));
-        Ok(())
     }
 
     /// Sets the full log aside when nothing waits there yet (false: both
@@ -321,6 +394,113 @@ impl<S: Copy + Ord> Shard<S> {
         debug_assert!(self.log.len() < LOG_CAP);
         self.log.push(Entry::of(&rec, now()));
     }
+}
+
+/// How a hit takes its block out of the shard's free set, and files the
+/// split remainder.
+trait Take {
+    /// Whether the block may be of an expandable segment.
+    const EXPANDABLE: bool;
+    /// The block found.
+    fn found(&self) -> Found;
+    /// Takes it out (`dormant`: its dormant key).
+    fn take<S: Copy + Ord>(&self, free: &mut FreeSet<S>, stream: S, dormant: Option<u64>);
+    /// Files a split remainder.
+    fn insert_rest<S: Copy + Ord>(
+        &self,
+        free: &mut FreeSet<S>,
+        stream: S,
+        size: u64,
+        addr: u64,
+        id: BlockId,
+    );
+}
+
+/// The best fit of fixed segments: a [`Peeked`] block.
+impl Take for Peeked {
+    const EXPANDABLE: bool = false;
+    #[inline(always)]
+    fn found(&self) -> Found {
+        self.found
+    }
+    #[inline(always)]
+    fn take<S: Copy + Ord>(&self, free: &mut FreeSet<S>, _stream: S, _dormant: Option<u64>) {
+        free.take_peeked(self)
+    }
+    #[inline(always)]
+    fn insert_rest<S: Copy + Ord>(
+        &self,
+        free: &mut FreeSet<S>,
+        _stream: S,
+        size: u64,
+        addr: u64,
+        id: BlockId,
+    ) {
+        free.insert_peeked(self, size, addr, id)
+    }
+}
+
+/// A block found by its key (the expandable best fit).
+struct ByKey(Found);
+
+impl Take for ByKey {
+    const EXPANDABLE: bool = true;
+    #[inline(always)]
+    fn found(&self) -> Found {
+        self.0
+    }
+    #[inline(always)]
+    fn take<S: Copy + Ord>(&self, free: &mut FreeSet<S>, stream: S, dormant: Option<u64>) {
+        let removed = free.remove(stream, self.0.size, self.0.addr, dormant);
+        debug_assert_eq!(removed, Some(self.0.id));
+        free.note_out(stream);
+    }
+    #[inline(always)]
+    fn insert_rest<S: Copy + Ord>(
+        &self,
+        free: &mut FreeSet<S>,
+        stream: S,
+        size: u64,
+        addr: u64,
+        id: BlockId,
+    ) {
+        free.insert(stream, size, addr, id, None)
+    }
+}
+
+/// The engine's `get_free_block_expandable` best fit on a shard's free
+/// set: the smallest block of `stream` of at least `size` bytes, then, while
+/// it is a block of an expandable segment, the next larger one when that
+/// can grow to less (its size plus an unmapped block after it). `None`: no
+/// block, or one of another part on the way (the device decides then).
+fn expandable_best_fit<S: Copy + Ord>(
+    free: &FreeSet<S>,
+    slab: &Slab<S>,
+    stream: S,
+    size: u64,
+) -> Option<Found> {
+    let part = slab.part();
+    let grows = |id: BlockId| {
+        let b = &slab[id];
+        b.size
+            + if b.next != NIL && slab[b.next].state == BState::Unmapped {
+                slab[b.next].size
+            } else {
+                0
+            }
+    };
+    let mut it = free.first_at_least(stream, size)?;
+    if part_of(it.id) != part {
+        return None;
+    }
+    while slab[it.id].expandable {
+        match free.next_after(stream, it.size, it.addr) {
+            Some(n) if part_of(n.id) != part => return None,
+            Some(n) if grows(n.id) < grows(it.id) => it = n,
+            _ => break,
+        }
+    }
+    Some(it)
 }
 
 /// Whether neighbour `n` merges into a block of `stream` being freed: a
@@ -573,6 +753,7 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
                     .free
                     .take_streams_from(&mut sh.free[small as usize]);
             }
+            self.events.observe_clock(sh.free_clock);
             if sh.mirror_dirty {
                 // (the only shard out: nothing else changed these stats)
                 sh.mirror.take_into(&mut self.stats);
@@ -602,7 +783,13 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
 
     /// Whether the fast path is allowed: no capture, no pending events or
     /// deferred frees, no memory history, no garbage collection, no
-    /// expandable segments ever, no block outside its stream's shard.
+    /// expandable segments turned off after use (the engine's best fit then
+    /// skips their blocks; the shards' does not), no block outside its
+    /// stream's shard. With expandable segments on, a hit in a mapped block
+    /// and a plain free run on the shard as with fixed segments (session
+    /// 12): the expandable best fit (`expandable_best_fit`), no
+    /// `inactive_split` change, and the free stamp from the shard's clock
+    /// (`Shard::free_clock`).
     pub(crate) fn fast_ok(&mut self) -> bool {
         let gc_on =
             self.limits.allowed_max.is_some() && self.config.garbage_collection_threshold > 0.0;
@@ -612,7 +799,7 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
             && self.events.outstanding() == 0
             && self.history.is_none()
             && !gc_on
-            && !self.ever_expandable
+            && (self.config.expandable_segments || !self.ever_expandable)
             && !self.foreign
     }
 
@@ -695,6 +882,7 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
                 sh.view.config_gen = self.config_gen;
             }
             sh.view.solo = solo;
+            sh.free_clock = self.events.clock();
         }
     }
 

@@ -158,6 +158,9 @@ pub(crate) struct AllocTransitions {
     pub requested: u64,
     /// The block handed out is oversize (`max_split_size` or more).
     pub oversize: bool,
+    /// The block is of an expandable segment: no `inactive_split` change
+    /// (PyTorch 2.11).
+    pub expandable: bool,
 }
 
 impl AllocTransitions {
@@ -165,15 +168,18 @@ impl AllocTransitions {
     #[inline(always)]
     pub(crate) fn apply(&self, s: &mut impl StatSink) {
         let st = self.st;
+        let split_stats = !self.expandable;
         let size = if self.split {
-            if self.already_split {
-                s.on_split_split(st, self.rounded);
-            } else {
-                s.on_split_segment(st, self.block_size - self.rounded);
+            if split_stats {
+                if self.already_split {
+                    s.on_split_split(st, self.rounded);
+                } else {
+                    s.on_split_segment(st, self.block_size - self.rounded);
+                }
             }
             self.rounded
         } else {
-            if self.already_split {
+            if self.already_split && split_stats {
                 s.on_take_split(st, self.block_size);
             }
             self.block_size
@@ -633,6 +639,7 @@ mod tests {
             rounded: size,
             requested: size,
             oversize: false,
+            expandable: false,
         })
     }
 
@@ -739,6 +746,7 @@ mod tests {
             rounded,
             requested: rounded - next() % 256,
             oversize,
+            expandable: next().is_multiple_of(4),
         })
     }
 
