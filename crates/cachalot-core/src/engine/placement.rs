@@ -212,7 +212,9 @@ impl<B: Backend> Inner<B> {
                     0
                 }
         };
-        while blocks[it.id].expandable {
+        // (a block that cannot grow is the best already: every later one is
+        // at least as large)
+        while blocks[it.id].expandable && grows(it.id) > it.size {
             match pool.free.next_after(p.stream, it.size, it.addr) {
                 Some(n) if grows(n.id) < grows(it.id) => it = n,
                 _ => break,

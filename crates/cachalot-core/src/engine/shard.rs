@@ -493,7 +493,9 @@ fn expandable_best_fit<S: Copy + Ord>(
     if part_of(it.id) != part {
         return None;
     }
-    while slab[it.id].expandable {
+    // (a block that cannot grow is the best already: every later one is
+    // at least as large)
+    while slab[it.id].expandable && grows(it.id) > it.size {
         match free.next_after(stream, it.size, it.addr) {
             Some(n) if part_of(n.id) != part => return None,
             Some(n) if grows(n.id) < grows(it.id) => it = n,
