@@ -21,7 +21,8 @@ One run (what the driver starts) prints `RESULT {json}`:
         --config expandable_segments:True --lib ...
 
 The driver prints a table (peak reserved MiB, peak allocated MiB, device
-allocations, whether the outputs equal native's) and exits 1 when cachalot's
+allocations, the workload's wall time (synchronized; model set-up
+excluded for `bert`), whether the outputs equal native's) and exits 1 when cachalot's
 expandable mode reserves more than native expandable at its peak, or an
 output differs.
 """
@@ -34,6 +35,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -47,13 +49,15 @@ WAYS = (
 )
 
 
-def run_bert(torch, requests: int) -> list[str]:
+def run_bert(torch, requests: int, clock: dict) -> list[str]:
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(0)
     m = BertModel(BertConfig()).to("cuda").eval()
     rng = random.Random(1234)
     sums = []
+    torch.cuda.synchronize()
+    clock["start"] = time.perf_counter()
     with torch.no_grad():
         for _ in range(requests):
             b, s = rng.randint(1, 48), rng.randint(16, 512)
@@ -76,8 +80,9 @@ def run_one(workload: str, allocator: str, config: str | None, lib: str | None, 
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
     torch.backends.cuda.matmul.allow_tf32 = False
+    clock = {"start": time.perf_counter()}
     if workload == "bert":
-        outputs = run_bert(torch, requests)
+        outputs = run_bert(torch, requests, clock)
     elif workload == "gpt2":
         sys.path.insert(0, str(HERE))
         import train_compare
@@ -88,6 +93,7 @@ def run_one(workload: str, allocator: str, config: str | None, lib: str | None, 
     else:
         raise SystemExit(f"unknown workload {workload!r}")
     torch.cuda.synchronize()
+    seconds = time.perf_counter() - clock["start"]
     st = torch.cuda.memory_stats(0)
     return {
         "workload": workload,
@@ -98,6 +104,7 @@ def run_one(workload: str, allocator: str, config: str | None, lib: str | None, 
         "peak_reserved": st["reserved_bytes.all.peak"],
         "peak_allocated": st["allocated_bytes.all.peak"],
         "num_device_alloc": st.get("num_device_alloc"),
+        "seconds": seconds,
     }
 
 
@@ -128,15 +135,15 @@ def drive(args) -> int:
             same = r["outputs"] == ref
             ok &= same
             rows.append((w, name, r["peak_reserved"] / 2**20, r["peak_allocated"] / 2**20,
-                         r["num_device_alloc"], same))
+                         r["num_device_alloc"], r["seconds"], same))
         if runs["cachalot-expandable"]["peak_reserved"] > runs["native-expandable"]["peak_reserved"]:
             ok = False
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
-    print("| workload | allocator | peak reserved MiB | peak allocated MiB | device allocs | outputs = native |")
-    print("|---|---|---|---|---|---|")
-    for w, name, pr, pa, nd, same in rows:
-        print(f"| {w} | {name} | {pr:,.0f} | {pa:,.0f} | {nd} | {'yes' if same else 'NO'} |")
+    print("| workload | allocator | peak reserved MiB | peak allocated MiB | device allocs | time s | outputs = native |")
+    print("|---|---|---|---|---|---|---|")
+    for w, name, pr, pa, nd, secs, same in rows:
+        print(f"| {w} | {name} | {pr:,.0f} | {pa:,.0f} | {nd} | {secs:.2f} | {'yes' if same else 'NO'} |")
     print("\nALL CHECKS PASSED" if ok else "\nSOME CHECK FAILED")
     return 0 if ok else 1
 
