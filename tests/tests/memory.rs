@@ -13,6 +13,19 @@ use cachalot_mock::{MockCall, MockStream};
 const CACHALOT: &str = "expandable_segments:True";
 const PYTORCH: &str = "placement:pytorch,expandable_segments:True";
 
+/// Frees `p`, checking that the free ran on its stream's shard (the fast
+/// path), not on the device.
+fn free_on_shard(d: &Dev, p: u64) {
+    let before = PathCounts::this_thread();
+    d.free(p);
+    let paths = PathCounts::this_thread().since(&before);
+    assert_eq!(
+        (paths.fast, paths.device),
+        (1, 0),
+        "{p:#x} freed on its shard"
+    );
+}
+
 fn reserved(d: &Dev) -> i64 {
     d.a.stats().reserved_bytes.all().current
 }
@@ -98,15 +111,9 @@ fn recycling_takes_a_busy_streams_pages_whose_uses_are_over() {
     let r = d.alloc_on(8 * MIB, s1);
     assert_eq!(reserved(&d), 92 * MIB as i64);
     d.m.use_memory(d.s0(), c, 40 * MIB, 2).unwrap();
-    let before = PathCounts::this_thread();
-    d.free(c);
     // (on the stream's shard: stamped by the shard's clock, which starts
     // at the device's, so above the fence just recorded)
-    assert_eq!(
-        PathCounts::this_thread().since(&before).fast,
-        1,
-        "c freed on the shard"
-    );
+    free_on_shard(&d, c);
     d.m.complete_n(d.s0(), 1).unwrap(); // a's use and the fence done; c's pending
     let syncs = d.m.call_count(MockCall::SynchronizeEvent);
     let unmaps = d.m.call_count(MockCall::Unmap);
@@ -148,22 +155,14 @@ fn shard_free_stamps_follow_the_devices_clock() {
     d.free(a);
     // another shard frees many times
     let small: Vec<u64> = (0..16).map(|_| d.alloc_on(64 << 10, s2)).collect();
-    let before = PathCounts::this_thread();
     for p in small {
-        d.free(p);
+        free_on_shard(&d, p);
     }
-    assert_eq!(PathCounts::this_thread().since(&before).fast, 16);
     // past the recycling cap: s0 is probed (a fence after a's free and
     // every free so far) and the segment grows
     let r = d.alloc_on(8 * MIB, s1);
     d.m.use_memory(d.s0(), c, 40 * MIB, 2).unwrap();
-    let before = PathCounts::this_thread();
-    d.free(c);
-    assert_eq!(
-        PathCounts::this_thread().since(&before).fast,
-        1,
-        "c freed on the shard"
-    );
+    free_on_shard(&d, c);
     d.m.complete_n(d.s0(), 1).unwrap(); // a's use and the fence done; c's pending
     let b = d.alloc_on(40 * MIB, s1);
     assert_eq!(d.m.counters().unmap_refused, 0, "c's pages were not taken");
