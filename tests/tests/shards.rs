@@ -113,17 +113,22 @@ fn eight_streams_with_a_janitor_every_millisecond() {
 }
 
 /// One thread on four streams (four shards): every peak equals the peak a
-/// sequential count gives, after every operation checked (the shards' stat
-/// logs are replayed in the order of their time stamps, strictly
-/// increasing on one thread). Read every 7th operation (the stats read
-/// replays everything) and every 4999th (full logs are taken out in
-/// between, each replayed up to the first swap).
+/// sequential count gives, after every operation checked. Both ways the
+/// shards keep their stats: the shared mirror (one thread: no log, no
+/// flush, the shards never log) and, forced, the stat logs (replayed in
+/// the order of their time stamps, strictly increasing on one thread).
+/// Read every 7th operation (the stats read replays everything) and every
+/// 4999th (with logs, full logs are taken out in between, each replayed
+/// up to the first swap).
 #[test]
 fn one_thread_on_four_shards_keeps_peaks_exact() {
     use cachalot_core::PathCounts;
-    for every in [7u32, 4999] {
+    for (every, logs) in [(7u32, false), (4999, false), (7, true), (4999, true)] {
         let m = MockConfig::new(16 * GIB).build();
         let a = CachingAllocator::with_config(m.clone(), AllocatorConfig::default()).unwrap();
+        if logs {
+            a.force_shard_logs();
+        }
         let streams: Vec<_> = (0..4).map(|_| m.create_stream()).collect();
         let mut x = 7u64;
         // (address, block size, request): the block sizes are asked only
@@ -176,7 +181,12 @@ fn one_thread_on_four_shards_keeps_peaks_exact() {
             }
         }
         let d = PathCounts::this_thread().since(&before);
-        if every > 7 {
+        assert!(d.fast > d.device * 4, "{d:?}");
+        if !logs {
+            // one thread: the shared mirror all along
+            assert_eq!(d.flushes, 0, "{d:?}");
+            assert!(!a.shards_log());
+        } else if every > 7 {
             assert!(d.flushes > 0, "{d:?}");
         }
         a.check_invariants().unwrap();
@@ -187,13 +197,23 @@ fn one_thread_on_four_shards_keeps_peaks_exact() {
 /// (a barrier between steps): the allocated-bytes peak follows that order
 /// exactly, on the fast path. Overlapping lifetimes peak at the sum;
 /// disjoint ones at the larger (a merge that ignored the time stamps would
-/// get one of the two wrong).
+/// get one of the two wrong). Both with the shared mirror (two threads
+/// that never meet inside a fast operation) and with the logs.
 #[test]
 fn peaks_follow_the_order_of_operations_across_threads() {
+    for logs in [false, true] {
+        peaks_follow_the_order(logs);
+    }
+}
+
+fn peaks_follow_the_order(logs: bool) {
     use cachalot_core::PathCounts;
     use std::sync::Barrier;
     let m = MockConfig::new(16 * GIB).build();
     let a = CachingAllocator::with_config(m.clone(), AllocatorConfig::default()).unwrap();
+    if logs {
+        a.force_shard_logs();
+    }
     let (s1, s2) = (m.create_stream(), m.create_stream());
     // a cached 8 MiB and 4 MiB block on each stream
     for s in [s1, s2] {
@@ -244,6 +264,9 @@ fn peaks_follow_the_order_of_operations_across_threads() {
         let want = if overlap { 12 << 20 } else { 8 << 20 };
         assert_eq!(st.all().peak, want, "overlap {overlap}");
         assert_eq!(st.all().current, 0);
+    }
+    if logs {
+        assert!(a.shards_log());
     }
     a.check_invariants().unwrap();
 }

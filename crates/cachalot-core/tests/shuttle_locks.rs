@@ -11,6 +11,7 @@
 //! Run: `cargo test -p cachalot-core --features shuttle --test shuttle_locks`.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cachalot_core::{AllocatorConfig, CachingAllocator, Error};
 use cachalot_mock::{MockBackend, MockConfig, MockStream};
@@ -82,14 +83,35 @@ fn scenario() {
     assert!(m.live_segments().is_empty(), "a segment was lost");
 }
 
-/// Hits and frees alone on two streams (both shards out, so every
-/// operation is logged and a log of the model's 3 entries fills at once):
-/// flushes on both threads take windows out, sum them with no lock held
-/// and file them in either order, while the main thread's reads must wait
-/// for every window flushed before them.
+/// Hits and frees alone on two streams, the shards logging (forced: both
+/// shards out, so every operation is logged and a log of the model's 3
+/// entries fills at once): flushes on both threads take windows out, sum
+/// them with no lock held and file them in either order, while the main
+/// thread's reads must wait for every window flushed before them.
 fn flushes() {
+    hits_and_frees(true);
+}
+
+/// Schedules of [`mirror`] in which the two threads' fast operations met
+/// on the shared mirror (the shards log from then on), and in all.
+static MET: AtomicUsize = AtomicUsize::new(0);
+static RUNS: AtomicUsize = AtomicUsize::new(0);
+
+/// The same hits and frees with the shards starting on the shared mirror
+/// (several shards out, and no two fast operations have met yet): in some
+/// schedules the two threads' operations meet there, one of them changes
+/// nothing and the shards switch to their logs mid-way; the stats stay
+/// exact either way.
+fn mirror() {
+    hits_and_frees(false);
+}
+
+fn hits_and_frees(logs: bool) {
     let m = MockConfig::new(64 * MIB).build();
     let a = Arc::new(CachingAllocator::with_config(m.clone(), AllocatorConfig::default()).unwrap());
+    if logs {
+        a.force_shard_logs();
+    }
     let (s1, s2) = (m.create_stream(), m.create_stream());
     // one segment per stream first, so that what follows is all hits
     for s in [s1, s2] {
@@ -124,12 +146,27 @@ fn flushes() {
     // two threads with two blocks each at most, and one alone before
     assert!((2..=4).contains(&st.allocation.all().peak));
     assert_eq!(st.active_bytes.all().current, 0);
+    if !logs {
+        RUNS.fetch_add(1, Ordering::Relaxed);
+        if a.shards_log() {
+            MET.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 #[test]
 fn flush_schedules() {
     shuttle::check_random(flushes, 3000);
     shuttle::check_pct(flushes, 3000, 3);
+}
+
+#[test]
+fn mirror_schedules() {
+    shuttle::check_random(mirror, 3000);
+    shuttle::check_pct(mirror, 3000, 3);
+    let (met, runs) = (MET.load(Ordering::Relaxed), RUNS.load(Ordering::Relaxed));
+    // both ways were taken: some schedules met on the mirror, some not
+    assert!(met > 0 && met < runs, "met in {met} of {runs} schedules");
 }
 
 #[test]

@@ -141,6 +141,10 @@ pub struct CachingAllocator<B: Backend> {
     /// The flushed windows of stat logs waiting to be folded, and the spare
     /// logs (a leaf lock: `stat_log::Folds`).
     folds: Mutex<stat_log::Folds>,
+    /// The shared mirror of the shards' fast operations while one thread
+    /// runs them on several streams (`shard::Logging::Shared`; a leaf
+    /// lock, only ever tried by the fast path), folded at check-in.
+    shared: Padded<Mutex<shard::Mirror>>,
     /// This allocator's key in the thread-local shard hints.
     id: u64,
     /// Whether the fast path is on (set by the device path at every
@@ -278,6 +282,10 @@ impl<B: Backend> CachingAllocator<B> {
             // the windows flushed before come first
             self.settle(&mut inner, true);
             inner.check_in(&mut shards[..]);
+            // (what the shards summed in the shared mirror: no shard logged
+            // meanwhile, `Logging`)
+            let inner = &mut *inner;
+            sync::lock(&self.shared.0).fold_into(&mut inner.stats);
             shards
         });
         DeviceGuard {
@@ -327,6 +335,7 @@ impl<B: Backend> CachingAllocator<B> {
             inner: Mutex::new(inner),
             shards: shards.into_iter().map(|s| Padded(Mutex::new(s))).collect(),
             folds: Mutex::new(stat_log::Folds::default()),
+            shared: Padded(Mutex::new(shard::Mirror::default())),
             id,
             fast: AtomicBool::new(false),
             backend,
@@ -356,7 +365,7 @@ impl<B: Backend> CachingAllocator<B> {
         let key = shard::stream_key(self.id, &stream);
         if self.fast.load(Ordering::Relaxed)
             && let Some(k) = shard::hint_get(key)
-            && let Ok(addr) = self.fast_op(k, |sh| sh.try_alloc(size, stream))
+            && let Ok(addr) = self.fast_op(k, |sh| sh.try_alloc(size, stream, &self.shared.0))
         {
             return Ok(addr);
         }
@@ -412,19 +421,43 @@ impl<B: Backend> CachingAllocator<B> {
     /// A free on shard `k` alone ([`Self::fast_op`]).
     #[inline]
     fn try_free_on(&self, k: usize, addr: u64) -> Result<(), shard::Miss> {
-        self.fast_op(k, |sh| sh.try_free(addr))
+        self.fast_op(k, |sh| sh.try_free(addr, &self.shared.0))
     }
 
-    /// A fast operation `op` on shard `k` ([`Self::shard_op`]); when the
-    /// shard's logs are both full they are taken out and `op` is tried
-    /// once more. Counts the operation as fast when it ran.
+    /// A fast operation `op` on shard `k` ([`Self::shard_op`]); when it met
+    /// another shard's on the shared mirror the shards log from then on,
+    /// and when the shard's logs are both full they are taken out; then
+    /// `op` is tried once more. Counts the operation as fast when it ran.
     #[inline]
     fn fast_op<T>(
         &self,
         k: usize,
         op: impl Fn(&mut Shard<B::Stream>) -> Result<T, shard::Miss> + Copy,
     ) -> Result<T, shard::Miss> {
-        let mut r = self.shard_op(k, op);
+        match self.shard_op(k, op) {
+            Ok(v) => {
+                shard::count_path(shard::FAST);
+                Ok(v)
+            }
+            Err(miss) => self.fast_retry(k, op, miss),
+        }
+    }
+
+    /// [`Self::fast_op`] after `op` missed with `miss`: tried once more
+    /// when that may help (the shards log now, or the logs were taken out).
+    #[cold]
+    #[inline(never)]
+    fn fast_retry<T>(
+        &self,
+        k: usize,
+        op: impl Fn(&mut Shard<B::Stream>) -> Result<T, shard::Miss> + Copy,
+        miss: shard::Miss,
+    ) -> Result<T, shard::Miss> {
+        let mut r = Err(miss);
+        if matches!(r, Err(shard::Miss::Thread)) {
+            self.start_logging();
+            r = self.shard_op(k, op);
+        }
         if matches!(r, Err(shard::Miss::Full)) {
             self.flush_logs();
             r = self.shard_op(k, op);
@@ -433,6 +466,36 @@ impl<B: Backend> CachingAllocator<B> {
             shard::count_path(shard::FAST);
         }
         r
+    }
+
+    /// Two threads' fast operations met on the shared mirror: the device
+    /// path folds it and checks the shards out again to log
+    /// (`shard::Logging::Log`), for good.
+    #[cold]
+    fn start_logging(&self) {
+        let mut g = self.lock();
+        if !g.multi_thread {
+            tracing::debug!("fast operations of two threads met: the shards log from now on");
+            g.multi_thread = true;
+        }
+    }
+
+    /// Whether the shards log their fast operations' stat transitions
+    /// (several threads' fast operations have met), rather than sum them in
+    /// a mirror (one shard out, or one thread on several streams). A
+    /// testing hook (`docs/design-shards.md`, "One thread, several
+    /// streams").
+    #[doc(hidden)]
+    pub fn shards_log(&self) -> bool {
+        self.lock().multi_thread
+    }
+
+    /// Makes the shards log from now on, as after two threads' fast
+    /// operations met on the shared mirror. A testing hook: the logs and
+    /// their flushes run on one thread, deterministically.
+    #[doc(hidden)]
+    pub fn force_shard_logs(&self) {
+        self.lock().multi_thread = true;
     }
 
     /// Takes the shards' stat logs out (a shard's logs are both full): the

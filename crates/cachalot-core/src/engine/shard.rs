@@ -34,6 +34,7 @@ use crate::engine::rounding::{MIN_BLOCK_SIZE, SMALL_SIZE, round_size};
 use crate::engine::stat_log::{
     AllocTransitions, Entry, FreeTransitions, LOG_CAP, Rec, Window, now, replay, seqs_of,
 };
+use crate::engine::sync::{Mutex, MutexGuard, try_lock};
 use crate::stats::StatType;
 
 /// Number of shards (and of parts of the slab and the live map). Streams
@@ -55,10 +56,58 @@ pub(crate) struct FastView {
     /// The default pools' GC clocks `[large, small]` (constant while the
     /// fast path is allowed: the clock runs only with GC on).
     pub gc_calls: [u64; 2],
+    /// Where the fast operations' stat transitions go.
+    pub logging: Logging,
+}
+
+/// Where a shard's fast operations write their stat transitions (set at
+/// every check-out).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Logging {
     /// This shard is the only one out: no other shard can change a stat,
     /// so its fast operations sum their transitions in [`Shard::mirror`]
     /// directly, with no log and no clock.
-    pub solo: bool,
+    Solo,
+    /// Several shards are out, and no two fast operations have met yet
+    /// (one thread on several streams, as a training loop with a side
+    /// stream): each sums its transitions into the allocator's one shared
+    /// [`Mirror`], under that mirror's lock, taken with `try_lock` (its
+    /// lock order is the operations' order, so the sums and peaks are
+    /// exact, with no log and no clock). A fast operation that finds it
+    /// taken changes nothing ([`Miss::Thread`]): from then on the shards
+    /// log (`Inner::multi_thread`).
+    Shared,
+    /// Several threads run fast operations at once: each appends its
+    /// transitions, time-stamped, to its shard's log (`stat_log.rs`).
+    Log,
+}
+
+/// A running sum of fast operations' stat transitions (a [`Window`]) and
+/// whether it holds any: a solo shard's own ([`Shard::mirror`]), or the
+/// allocator's shared one ([`Logging::Shared`]), folded into the device's
+/// stats at check-in.
+#[derive(Default)]
+pub(crate) struct Mirror {
+    /// The sums, in the order the transitions happened.
+    pub window: Window,
+    /// The window changed since it was last folded.
+    pub dirty: bool,
+}
+
+impl Mirror {
+    /// Adds one operation's transitions.
+    #[inline(always)]
+    fn add(&mut self, rec: &Rec) {
+        rec.apply(&mut self.window);
+        self.dirty = true;
+    }
+
+    /// Folds the sums into `stats` (if any) and empties the window.
+    pub(crate) fn fold_into(&mut self, stats: &mut crate::stats::DeviceStats) {
+        if std::mem::take(&mut self.dirty) {
+            self.window.take_into(stats);
+        }
+    }
 }
 
 /// Why a fast operation did not run (nothing was changed).
@@ -71,6 +120,10 @@ pub(crate) enum Miss {
     /// The shard's stat log is full: once the device has taken it, the
     /// operation can run here.
     Full,
+    /// The shared mirror ([`Logging::Shared`]) is taken by a fast
+    /// operation of another shard: once the shards log, the operation can
+    /// run here.
+    Thread,
 }
 
 /// One shard: its parts of the engine's structures, and what it may do.
@@ -91,13 +144,10 @@ pub(crate) struct Shard<S> {
     /// A log was set aside just now: the caller asks the device to take
     /// it if the device lock is free (`CachingAllocator::offer_logs`).
     pub rotated: bool,
-    /// While the shard is the only one out (`FastView::solo`): the sums of
-    /// its transitions since check-out, in the order they happened (the
-    /// engine's own transitions into a [`Window`]), folded into the
-    /// device's stats at check-in when `mirror_dirty`.
-    pub mirror: Window,
-    /// The mirror changed since the last check-out.
-    pub mirror_dirty: bool,
+    /// While the shard is the only one out ([`Logging::Solo`]): the sums
+    /// of its transitions since check-out, folded into the device's stats
+    /// at check-in.
+    pub mirror: Mirror,
     /// What the fast path may do.
     pub view: FastView,
     /// The free stamp of this shard's latest fast free of an expandable
@@ -117,14 +167,13 @@ impl<S: Copy + Ord> Shard<S> {
             log: Vec::with_capacity(LOG_CAP),
             full: Vec::with_capacity(LOG_CAP),
             rotated: false,
-            mirror: Window::default(),
-            mirror_dirty: false,
+            mirror: Mirror::default(),
             view: FastView {
                 ok: false,
                 config: config.clone(),
                 config_gen: u64::MAX,
                 gc_calls: [0; 2],
-                solo: false,
+                logging: Logging::Log,
             },
             free_clock: 0,
         }
@@ -133,10 +182,27 @@ impl<S: Copy + Ord> Shard<S> {
     /// A cache hit of `size` bytes on `stream`, on this shard alone: the
     /// same block, split and stats as the engine's `malloc` would give
     /// (`get_free_block` and `alloc_found_block` when no capture, event,
-    /// history, GC or expandable segment is involved). `None`: nothing was
-    /// changed; the device must serve the request.
+    /// history, GC or expandable segment is involved). `shared`: the
+    /// allocator's shared mirror ([`Logging::Shared`]). An error: nothing
+    /// was changed.
     #[inline]
-    pub fn try_alloc(&mut self, size: u64, stream: S) -> Result<u64, Miss> {
+    pub fn try_alloc(&mut self, size: u64, stream: S, shared: &Mutex<Mirror>) -> Result<u64, Miss> {
+        // (one copy per way of logging: the solo path stays as it was)
+        if self.view.logging == Logging::Shared {
+            self.alloc_with::<true>(size, stream, shared)
+        } else {
+            self.alloc_with::<false>(size, stream, shared)
+        }
+    }
+
+    /// [`Self::try_alloc`], writing to the shared mirror if `SHARED`.
+    #[inline(always)]
+    fn alloc_with<const SHARED: bool>(
+        &mut self,
+        size: u64,
+        stream: S,
+        shared: &Mutex<Mirror>,
+    ) -> Result<u64, Miss> {
         if !self.view.ok {
             return Err(Miss::Device);
         }
@@ -148,21 +214,44 @@ impl<S: Copy + Ord> Shard<S> {
         let small = rounded <= SMALL_SIZE;
         let fit = FitRule::of(cfg);
         if cfg.expandable_segments {
-            return self.alloc_expandable(size, rounded, stream);
+            return self.alloc_expandable::<SHARED>(size, rounded, stream, shared);
         }
         let free = &self.free[small as usize];
         let Some(peeked) = free.peek_first_at_least(stream, rounded, |b| fit.accepts(rounded, b))
         else {
             return Err(Miss::Device);
         };
-        self.alloc_found(peeked, size, rounded, stream)
+        let mut shared = Self::shared_sink::<SHARED>(shared)?;
+        self.alloc_found(peeked, size, rounded, stream, shared.as_deref_mut())
+    }
+
+    /// The shared mirror, taken, while this shard writes there
+    /// ([`Logging::Shared`]; else `None`); [`Miss::Thread`] if another
+    /// shard's fast operation holds it.
+    #[inline(always)]
+    fn shared_sink<const SHARED: bool>(
+        shared: &Mutex<Mirror>,
+    ) -> Result<Option<MutexGuard<'_, Mirror>>, Miss> {
+        if !SHARED {
+            return Ok(None);
+        }
+        match try_lock(shared) {
+            Some(g) => Ok(Some(g)),
+            None => Err(Miss::Thread),
+        }
     }
 
     /// [`Self::try_alloc`] with expandable segments: the engine's
     /// `get_free_block_expandable` (blocks found by the size they can grow
     /// to).
     #[inline(never)]
-    fn alloc_expandable(&mut self, size: u64, rounded: u64, stream: S) -> Result<u64, Miss> {
+    fn alloc_expandable<const SHARED: bool>(
+        &mut self,
+        size: u64,
+        rounded: u64,
+        stream: S,
+        shared: &Mutex<Mirror>,
+    ) -> Result<u64, Miss> {
         let small = rounded <= SMALL_SIZE;
         let free = &self.free[small as usize];
         let Some(found) = expandable_best_fit(free, &self.slab, stream, rounded) else {
@@ -171,12 +260,14 @@ impl<S: Copy + Ord> Shard<S> {
         if !FitRule::of(&self.view.config).accepts(rounded, found.size) {
             return Err(Miss::Device);
         }
-        self.alloc_found(ByKey(found), size, rounded, stream)
+        let mut shared = Self::shared_sink::<SHARED>(shared)?;
+        self.alloc_found(ByKey(found), size, rounded, stream, shared.as_deref_mut())
     }
 
     /// Hands out the block `how` found for a request of `size` bytes
     /// (`rounded`) on `stream`: the rest of [`Self::try_alloc`] (the
-    /// engine's `alloc_found_block`), one copy per way of taking it.
+    /// engine's `alloc_found_block`), one copy per way of taking it;
+    /// `shared`: the shared mirror, taken ([`Self::shared_sink`]).
     #[inline(always)]
     fn alloc_found<T: Take>(
         &mut self,
@@ -184,6 +275,7 @@ impl<S: Copy + Ord> Shard<S> {
         size: u64,
         rounded: u64,
         stream: S,
+        shared: Option<&mut Mirror>,
     ) -> Result<u64, Miss> {
         let cfg = &self.view.config;
         let small = rounded <= SMALL_SIZE;
@@ -232,20 +324,34 @@ impl<S: Copy + Ord> Shard<S> {
         b.oversize = oversize;
         let addr = b.addr;
         self.live.insert(addr, id);
-        if !self.view.solo {
+        if self.view.logging != Logging::Solo {
             // (alone, the shard a free tries first is this one anyway)
             owner_set(addr, self.slab.part());
         }
-        self.log(Rec::Alloc(tr));
+        self.log(Rec::Alloc(tr), shared);
         Ok(addr)
     }
 
     /// The caller's free of `addr`, on this shard alone, when `addr` is a
     /// live block of this shard with no uses on other streams: the same
     /// merges, filing and stats as the engine's `free` and `free_block`.
-    /// `false`: nothing was changed; the device must do it.
+    /// `shared`: as for [`Self::try_alloc`]. An error: nothing was changed.
     #[inline]
-    pub fn try_free(&mut self, addr: u64) -> Result<(), Miss> {
+    pub fn try_free(&mut self, addr: u64, shared: &Mutex<Mirror>) -> Result<(), Miss> {
+        if self.view.logging == Logging::Shared {
+            self.free_with::<true>(addr, shared)
+        } else {
+            self.free_with::<false>(addr, shared)
+        }
+    }
+
+    /// [`Self::try_free`], writing to the shared mirror if `SHARED`.
+    #[inline(always)]
+    fn free_with<const SHARED: bool>(
+        &mut self,
+        addr: u64,
+        shared: &Mutex<Mirror>,
+    ) -> Result<(), Miss> {
         if !self.view.ok {
             return Err(Miss::Device);
         }
@@ -265,10 +371,12 @@ impl<S: Copy + Ord> Shard<S> {
         {
             return Err(Miss::Device);
         }
-        if b.expandable {
-            self.free_found::<true>(slot, id);
+        let expandable = b.expandable;
+        let mut shared = Self::shared_sink::<SHARED>(shared)?;
+        if expandable {
+            self.free_found::<true>(slot, id, shared.as_deref_mut());
         } else {
-            self.free_found::<false>(slot, id);
+            self.free_found::<false>(slot, id, shared.as_deref_mut());
         }
         Ok(())
     }
@@ -276,9 +384,15 @@ impl<S: Copy + Ord> Shard<S> {
     /// The rest of [`Self::try_free`] (the engine's `free_block`) for live
     /// block `id` at `slot` of the live map, one copy for blocks of
     /// expandable segments (`EXPANDABLE`: stamped, no `inactive_split`
-    /// change) and one for the others.
+    /// change) and one for the others; `shared` as for
+    /// [`Self::alloc_found`].
     #[inline(always)]
-    fn free_found<const EXPANDABLE: bool>(&mut self, slot: Slot, id: BlockId) {
+    fn free_found<const EXPANDABLE: bool>(
+        &mut self,
+        slot: Slot,
+        id: BlockId,
+        shared: Option<&mut Mirror>,
+    ) {
         let expandable = EXPANDABLE;
         let b = &self.slab[id];
         let (stream, small, size, requested, oversize) =
@@ -366,7 +480,7 @@ impl<S: Copy + Ord> Shard<S> {
                 self.slab[i].dormant = true;
             }
         }
-        self.log(Rec::Free(tr));
+        self.log(Rec::Free(tr), shared);
     }
 
     /// Sets the full log aside when nothing waits there yet (false: both
@@ -381,14 +495,18 @@ impl<S: Copy + Ord> Shard<S> {
         true
     }
 
-    /// Records a fast operation's transitions: written to the mirror while
-    /// this shard is the only one out, else appended to the log (room was
-    /// checked before the commit) with a time stamp.
+    /// Records a fast operation's transitions ([`Logging`]): into the
+    /// shared mirror when given (taken before the commit), into the
+    /// shard's own while it is the only one out, else appended to the log
+    /// (room was checked before the commit) with a time stamp.
     #[inline(always)]
-    fn log(&mut self, rec: Rec) {
-        if self.view.solo {
-            rec.apply(&mut self.mirror);
-            self.mirror_dirty = true;
+    fn log(&mut self, rec: Rec, shared: Option<&mut Mirror>) {
+        if let Some(m) = shared {
+            m.add(&rec);
+            return;
+        }
+        if self.view.logging == Logging::Solo {
+            self.mirror.add(&rec);
             return;
         }
         debug_assert!(self.log.len() < LOG_CAP);
@@ -756,11 +874,8 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
                     .take_streams_from(&mut sh.free[small as usize]);
             }
             self.events.observe_clock(sh.free_clock);
-            if sh.mirror_dirty {
-                // (the only shard out: nothing else changed these stats)
-                sh.mirror.take_into(&mut self.stats);
-                sh.mirror_dirty = false;
-            }
+            // (the only shard out: nothing else changed these stats)
+            sh.mirror.fold_into(&mut self.stats);
         }
         // (the windows flushed before are folded, `CachingAllocator::
         // settle`: every entry left is in a shard held)
@@ -850,8 +965,16 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
         }
         self.fast_on = true;
         // one shard out alone: no other can log while it is (a shard held
-        // but not occupied holds nothing, so it serves and logs nothing)
-        let solo = self.occupied.count_ones() <= 1;
+        // but not occupied holds nothing, so it serves and logs nothing);
+        // several, and no two fast operations have met yet: the shared
+        // mirror
+        let logging = if self.occupied.count_ones() <= 1 {
+            Logging::Solo
+        } else if self.multi_thread {
+            Logging::Log
+        } else {
+            Logging::Shared
+        };
         for small in [false, true] {
             let free = &mut self.pools.pool_mut(DEFAULT_POOL, small).free;
             while let Some(s) = free.last_stream() {
@@ -883,7 +1006,7 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
                 sh.view.config = self.config.clone();
                 sh.view.config_gen = self.config_gen;
             }
-            sh.view.solo = solo;
+            sh.view.logging = logging;
             sh.free_clock = self.events.clock();
         }
     }

@@ -124,6 +124,10 @@ pub(crate) struct Inner<B: Backend> {
     pub(super) fast_on: bool,
     /// The shards holding anything (held by the device path).
     pub(super) occupied: u32,
+    /// Two fast operations of different shards have met on the shared
+    /// window (`Logging::Shared`): several threads run fast operations at
+    /// once, and the shards log from then on (sticky).
+    pub(super) multi_thread: bool,
     /// The number the next flushed window of stat logs gets
     /// (`stat_log::Folds`).
     pub(super) windows_out: u64,
@@ -158,6 +162,7 @@ impl<B: Backend> Inner<B> {
             ever_expandable: config.expandable_segments,
             fast_on: true,
             occupied: 0,
+            multi_thread: false,
             windows_out: 0,
             windows_folded: 0,
             recycling: Default::default(),
