@@ -120,9 +120,10 @@ pub(crate) enum Miss {
     /// The shard's stat log is full: once the device has taken it, the
     /// operation can run here.
     Full,
-    /// The shared mirror ([`Logging::Shared`]) is taken by a fast
-    /// operation of another shard: once the shards log, the operation can
-    /// run here.
+    /// The shared mirror ([`Logging::Shared`]) is taken: by a fast
+    /// operation of another shard running at the same moment (or, for a
+    /// shard that holds nothing, by the device folding it). Once the
+    /// shards log, the operation can run here.
     Thread,
 }
 

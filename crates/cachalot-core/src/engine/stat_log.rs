@@ -13,9 +13,12 @@
 //! the monotonic clock, so an operation that ends before another begins has
 //! the smaller stamp (operations that overlap may be put in either order:
 //! both orders are possible histories). While one shard alone is out
-//! (`FastView::solo`) no other shard can change a stat, and the shard
+//! (`Logging::Solo`) no other shard can change a stat, and the shard
 //! sums its transitions directly instead (`Shard::mirror`, a [`Window`]
-//! folded at check-in): no log, no stamp.
+//! folded at check-in): no log, no stamp. Several shards out, used by one
+//! thread at a time (`Logging::Shared`), sum theirs into one shared
+//! mirror under a try-locked leaf lock, and log only once two threads'
+//! fast operations have met there.
 //!
 //! The device replays everything at check-in (every shard held: the stats
 //! are exact for the engine's own code). A log that fills up
