@@ -495,6 +495,68 @@ mod regressions {
         run(ops, Completion::Manual).unwrap();
     }
 
+    /// Expandable segments under a memory fraction, `max_split_size_mb:40`:
+    /// the 1 MiB + 1 B request on stream 0 cannot take the 42 MiB free
+    /// block (oversize), and the 20 MiB segment it would get is over the
+    /// cap. Releasing the cache unmaps that block's whole pages and leaves
+    /// a mapped 2 MiB edge that fits: without a search after the release
+    /// (PyTorch 2.11 has none) the request fails with OOM, and the same
+    /// request at once succeeds from that edge.
+    #[test]
+    fn expandable_oom_is_final() {
+        let ops = vec![
+            Alloc { size: 1, stream: 0 },
+            Alloc { size: 1, stream: 0 },
+            Alloc {
+                size: 138412033,
+                stream: 0,
+            },
+            InjectFailure {
+                backend_error: true,
+            },
+            Free { idx: 9 },
+            Alloc { size: 1, stream: 0 },
+            Alloc { size: 1, stream: 1 },
+            Alloc {
+                size: 10485761,
+                stream: 2,
+            },
+            Alloc {
+                size: 88110081,
+                stream: 1,
+            },
+            Alloc {
+                size: 2066945,
+                stream: 1,
+            },
+            Alloc { size: 1, stream: 0 },
+            Alloc {
+                size: 41942529,
+                stream: 0,
+            },
+            SetConfig { idx: 1 },
+            Alloc { size: 1, stream: 1 },
+            Fraction { f: 0.25 },
+            Alloc { size: 1, stream: 0 },
+            Alloc { size: 1, stream: 1 },
+            Free { idx: 7 },
+            Free { idx: 6 },
+            Alloc {
+                size: 1048577,
+                stream: 0,
+            },
+        ];
+        run_with(
+            ops,
+            Completion::Random {
+                seed: 0,
+                max_delay_ops: 0,
+            },
+            true,
+        )
+        .unwrap();
+    }
+
     /// Without releasing the cache before the last device call, the 78 MiB
     /// request fails with OOM while a whole free segment stays cached.
     #[test]
