@@ -13,7 +13,8 @@
 #      (bench/pytorch/torch_replay.cpp), after a discarded warm-up
 #      (REPLAY=0 skips it).
 # Prints per trace the median warm ns/op over the rounds and each build's
-# ratio to PyTorch, and the median ratio over the traces. Logs in $OUT.
+# ratio to PyTorch, and the median ratio over the traces; then each round's
+# ratio (the rounds paired) and their median. Logs in $OUT.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 ROUNDS=${ROUNDS:-3}
@@ -71,4 +72,17 @@ for t in traces:
             row += "%18s" % "-"
     print(row)
 print("%-32s" % "median ratio" + "".join("%18s" % ("%.3fx" % st.median(ratios[n]) if ratios[n] else "-") for n in names))
+# the rounds paired: each round runs every build, then PyTorch, back to
+# back, so a round's ratio cancels the host's drift between rounds
+print("ratio to PyTorch per round (in round order), median over rounds")
+paired = collections.defaultdict(list)
+for t in traces:
+    row = "%-22s" % t
+    for n in names:
+        r = [a / b for a, b in zip(w[n][t], w["torch"][t])]
+        if r:
+            paired[n].append(st.median(r))
+            row += "  %s: %s (%.3fx)" % (n, " ".join("%.3f" % x for x in r), st.median(r))
+    print(row)
+print("%-22s" % "median over traces" + "".join("  %s: %.3fx" % (n, st.median(paired[n])) for n in names if paired[n]))
 P
