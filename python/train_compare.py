@@ -309,7 +309,8 @@ def drive(args) -> int:
             graph_rows.append((model, n1["graph_pool_bytes"], ca["graph_pool_bytes"], gp_ok))
 
     print("\n| model | native==native | cachalot==native | peak reserved native | peak reserved cachalot "
-          "| cachalot<=native | median step native (mean of 2 runs) | median step cachalot | ratio | within 2% |")
+          "| cachalot<=native | median step native (mean of 2 runs) | median step cachalot | ratio "
+          f"| within {args.max_ratio - 1:.0%} |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for (model, sn, sc, p1, p2, pc, pok, nt, ct, ratio, tok) in rows:
         print(f"| {model} | {'yes' if sn else 'NO'} | {'yes' if sc else 'NO'} | {p1:,} / {p2:,} | {pc:,} "
