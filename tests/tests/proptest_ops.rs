@@ -406,7 +406,7 @@ fn run_with(ops: Vec<Op>, completion: Completion, expandable: bool) -> Result<()
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
     #[test]
     fn random_operations_keep_every_invariant(ops in proptest::collection::vec(op(), 1..200)) {
         run(ops, Completion::Manual)?;
