@@ -119,7 +119,7 @@ impl AddrTable {
 
     /// Removes the entry at `slot` (from [`Self::find`], with no change to
     /// the table since), returning its block id.
-    #[inline]
+    #[inline(always)]
     pub fn remove_at(&mut self, slot: Slot) -> BlockId {
         let i = slot.0;
         debug_assert_ne!(self.slots[i].0, EMPTY);

@@ -261,6 +261,7 @@ impl<S: Copy> Slab<S> {
     }
 
     /// Frees the slot of `id` (the block must be unlinked by the caller).
+    #[inline(always)]
     pub fn remove(&mut self, id: BlockId) {
         let b = &mut self[id];
         b.state = BState::Dead;
@@ -274,7 +275,7 @@ impl<S: Copy> Slab<S> {
     /// Cuts `id` at `size`: `id` keeps its first `size` bytes and a new free
     /// block (same stream, pool and segment) takes the rest, linked after
     /// it. Returns the remainder's id.
-    #[inline]
+    #[inline(always)]
     pub fn split(&mut self, id: BlockId, size: u64) -> BlockId {
         let b = &self[id];
         if let Some(&rid) = self.free_slots.last() {
@@ -343,6 +344,7 @@ impl<S: Copy> Slab<S> {
 
     /// `id` absorbs its next neighbour (already out of the free set), which
     /// is dropped; returns the absorbed size.
+    #[inline(always)]
     pub fn absorb_next(&mut self, id: BlockId) -> u64 {
         let next = self[id].next;
         let (nsize, nnext) = (self[next].size, self[next].next);

@@ -115,7 +115,7 @@ impl<S: Copy + Ord> FreeSet<S> {
     }
 
     /// Removes a free block; `whole` as given to [`FreeSet::insert`].
-    #[inline]
+    #[inline(always)]
     pub fn remove(&mut self, s: S, size: u64, addr: u64, whole: Option<u64>) -> Option<BlockId> {
         let set = self.set_mut(s);
         let r = match whole {
@@ -189,7 +189,7 @@ impl<S: Copy + Ord> FreeSet<S> {
     /// that is the only active free block goes straight to the dormant list
     /// ([`Back::Dormant`]); otherwise the caller makes the set dormant
     /// ([`Back::Drained`]).
-    #[inline]
+    #[inline(always)]
     pub fn insert_back(
         &mut self,
         s: S,

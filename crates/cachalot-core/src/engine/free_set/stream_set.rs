@@ -77,7 +77,7 @@ impl StreamSet {
 
     /// The smallest entry ≥ `k` (`k` has address 0) and whether it is the
     /// recent slot.
-    #[inline]
+    #[inline(always)]
     pub(super) fn best(&self, k: u128) -> Option<(u128, BlockId, bool)> {
         let t = self
             .tree
