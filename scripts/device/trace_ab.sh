@@ -7,7 +7,8 @@
 # to dist/exp/NAME/cachalot); this checkout's CLI is "new".
 #   1. the CUDA test binaries (dist/cuda/run.sh; TESTS=0 skips them);
 #   2. the threads benchmark of every build against PyTorch's C++
-#      (scripts/device/threads_ceiling.sh, ROUNDS rounds of OPS ops);
+#      (scripts/device/threads_ceiling.sh, ROUNDS rounds of OPS ops;
+#      THREADS=0 skips it);
 #   3. the trace replay (dist/cuda/traces/*.trace, warm = median of passes
 #      2-5): ROUNDS rounds, each every build then PyTorch's default mode
 #      (bench/pytorch/torch_replay.cpp), after a discarded warm-up
@@ -31,7 +32,11 @@ if [ "${TESTS:-1}" = 1 ]; then
   done | tee "$OUT/mixed.txt"
 fi
 echo "tests: $(( $(date +%s) - S )) s"
-BUILDS="$BUILDS" ROUNDS=$ROUNDS OPS=${OPS:-600000} scripts/device/threads_ceiling.sh >"$OUT/threads-table.txt" 2>&1
+if [ "${THREADS:-1}" = 1 ]; then
+  BUILDS="$BUILDS" ROUNDS=$ROUNDS OPS=${OPS:-600000} scripts/device/threads_ceiling.sh >"$OUT/threads-table.txt" 2>&1
+else
+  : >"$OUT/threads-table.txt"
+fi
 echo "threads: $(( $(date +%s) - S )) s"
 if [ "${REPLAY:-1}" != 1 ]; then tail -n 8 "$OUT/threads-table.txt"; exit 0; fi
 # (the synthetic traces as files, as bench.sh makes them)
