@@ -10,7 +10,8 @@
 #      (scripts/device/threads_ceiling.sh, ROUNDS rounds of OPS ops;
 #      THREADS=0 skips it);
 #   3. the trace replay (dist/cuda/traces/*.trace, warm = median of passes
-#      2-5): ROUNDS rounds, each every build then PyTorch's default mode
+#      2-5): ROUNDS rounds, each every build (the order rotating by round)
+#      then PyTorch's default mode
 #      (bench/pytorch/torch_replay.cpp), after a discarded warm-up
 #      (REPLAY=0 skips it).
 # Prints per trace the median warm ns/op over the rounds and each build's
@@ -46,8 +47,12 @@ R=$OUT/replay.jsonl; : >"$R"
 tag() { sed -u "s/^{/{\"build\":\"$1\",/"; }
 dist/cuda/bin/cachalot replay --backend cuda --json --passes 2 "${TR[@]}" >/dev/null 2>&1
 dist/cuda/build/torch_replay --passes=2 --mode=default "${TR[@]}" >/dev/null 2>&1
+# (the builds' order rotates by round: on the H200 host the first build of
+# a round ran slower, whichever it was, session 13 runs 3 and 4)
+read -r -a BL <<<"$BUILDS"
 for r in $(seq 1 "$ROUNDS"); do
-  for b in $BUILDS; do
+  for i in $(seq 0 $(( ${#BL[@]} - 1 ))); do
+    b=${BL[$(( (i + r - 1) % ${#BL[@]} ))]}
     ${b#*=} replay --backend cuda --json --passes 5 "${TR[@]}" 2>/dev/null | grep '^{' | tag "${b%%=*}" >>"$R"
   done
   dist/cuda/build/torch_replay --passes=5 --mode=default "${TR[@]}" 2>/dev/null | grep '^{' | tag torch >>"$R"
