@@ -454,7 +454,7 @@ impl<B: Backend> CachingAllocator<B> {
         miss: shard::Miss,
     ) -> Result<T, shard::Miss> {
         let mut r = Err(miss);
-        if matches!(r, Err(shard::Miss::Thread)) {
+        if miss == shard::Miss::Thread {
             self.start_logging();
             r = self.shard_op(k, op);
         }
@@ -495,7 +495,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// their flushes run on one thread, deterministically.
     #[doc(hidden)]
     pub fn force_shard_logs(&self) {
-        self.lock().multi_thread = true;
+        self.start_logging();
     }
 
     /// Takes the shards' stat logs out (a shard's logs are both full): the

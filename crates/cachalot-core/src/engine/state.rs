@@ -125,7 +125,7 @@ pub(crate) struct Inner<B: Backend> {
     /// The shards holding anything (held by the device path).
     pub(super) occupied: u32,
     /// Two fast operations of different shards have met on the shared
-    /// window (`Logging::Shared`): several threads run fast operations at
+    /// mirror (`Logging::Shared`): several threads run fast operations at
     /// once, and the shards log from then on (sticky).
     pub(super) multi_thread: bool,
     /// The number the next flushed window of stat logs gets
@@ -244,10 +244,7 @@ impl<B: Backend> Inner<B> {
             found = self.alloc_segment(backend, p)?;
         }
         if found.is_none() && self.release_available_cached_blocks(backend, p)? {
-            found = self.search_after_release(p);
-            if found.is_none() {
-                found = self.alloc_segment(backend, p)?;
-            }
+            found = self.alloc_after_release(backend, p)?;
         }
         if found.is_none() && !capturing {
             found = self.release_all_and_retry(backend, p)?;
@@ -272,7 +269,7 @@ impl<B: Backend> Inner<B> {
 
     /// The last rung: synchronize every event, then (fixing PyTorch
     /// #189504) search the free blocks again before releasing the cache,
-    /// and again after it (`search_after_release`) before asking the
+    /// and again after it (`alloc_after_release`) before asking the
     /// device once more.
     fn release_all_and_retry(
         &mut self,
@@ -286,26 +283,29 @@ impl<B: Backend> Inner<B> {
         }
         self.release_default_pools(backend);
         self.release_freeable_private_pools(backend);
-        if let Some(id) = self.search_after_release(p) {
+        self.alloc_after_release(backend, p)
+    }
+
+    /// The ladder's step after it released cached memory: a search of the
+    /// free blocks, then the device. With fixed segments a release only
+    /// removes whole free segments, so nothing new can fit (no search).
+    /// With expandable segments it unmaps the whole free pages of free
+    /// blocks and leaves their mapped edges as smaller free blocks, which
+    /// may now fit where the block they were part of did not (one too
+    /// large to split under `max_split_size_mb`): without the search the
+    /// request would fail with OOM and the same request at once succeed
+    /// (PyTorch 2.11 goes on to `alloc_block` only).
+    fn alloc_after_release(
+        &mut self,
+        backend: &B,
+        p: &Params<B::Stream>,
+    ) -> Result<Option<BlockId>, Error> {
+        if self.ever_expandable
+            && let Some(id) = self.get_free_block(p)
+        {
             return Ok(Some(id));
         }
         self.alloc_segment(backend, p)
-    }
-
-    /// A search of the free blocks after the ladder released cached
-    /// memory. With fixed segments a release only removes whole free
-    /// segments, so nothing new can fit (no search). With expandable
-    /// segments it unmaps the whole free pages of free blocks and leaves
-    /// their mapped edges as smaller free blocks, which may now fit where
-    /// the block they were part of did not (one too large to split under
-    /// `max_split_size_mb`): without this search the request would fail
-    /// with OOM and the same request at once succeed (PyTorch 2.11 goes on
-    /// to `alloc_block` only).
-    fn search_after_release(&mut self, p: &Params<B::Stream>) -> Option<BlockId> {
-        if !self.ever_expandable {
-            return None;
-        }
-        self.get_free_block(p)
     }
 
     /// Whether a block of `b_size` bytes handed out for `size` is split.
