@@ -35,6 +35,10 @@ pub fn all<H: Harness>() -> Vec<Check<H>> {
             expandable_pages_move_between_streams::<H>,
         ),
         (
+            "expandable_lends_behind_a_fence",
+            expandable_lends_behind_a_fence::<H>,
+        ),
+        (
             "expandable_record_stream_keeps_pages",
             expandable_record_stream_keeps_pages::<H>,
         ),
@@ -140,9 +144,10 @@ pub fn expandable_data_across_map_and_unmap<H: Harness>(h: &H) {
 }
 
 /// cachalot's expandable mode: pages freed on one stream serve another
-/// stream (reserved stays at one stream's worth), the data written through
-/// the new mapping reads back, and a live block of the first stream is
-/// untouched.
+/// stream's larger request through a fresh mapping (no single free block
+/// holds it, so none is lent: reserved grows by the difference only), the
+/// data written through the new mapping reads back, and a live block of
+/// the first stream is untouched.
 pub fn expandable_pages_move_between_streams<H: Harness>(h: &H) {
     let Some(a) = expandable(h, "expandable_segments:True") else {
         return;
@@ -157,16 +162,59 @@ pub fn expandable_pages_move_between_streams<H: Harness>(h: &H) {
     fill_and_check(h, b, p, 64 * MIB, 0x66, s0);
     a.free(p).expect("free");
     let before = a.stats().reserved_bytes.all().current;
-    let q = a.allocate(64 * MIB, s1).expect("alloc on the other stream");
+    let q = a.allocate(66 * MIB, s1).expect("alloc on the other stream");
     assert_eq!(
         a.stats().reserved_bytes.all().current,
-        before,
+        before + 2 * MIB as i64,
         "the freed pages served the other stream"
     );
-    fill_and_check(h, b, q, 64 * MIB, 0x77, s1);
+    fill_and_check(h, b, q, 66 * MIB, 0x77, s1);
     expect_bytes(h, b, live, 2 * MIB, 0x55, format_args!("block {live:#x}"));
     a.free(q).expect("free");
     a.free(live).expect("free");
+    check(&a);
+    drop(side);
+}
+
+/// cachalot's expandable mode: a block freed on a busy stream is lent to
+/// another stream's request at once (no page moves, no host wait), and
+/// the borrowing stream waits for the lender's earlier work: a write
+/// queued on the borrower lands after the lender's write that was still
+/// queued behind busy work, so the borrower's value is what reads back.
+/// Freed by the borrower, the block goes back to its own stream only
+/// after the borrower's work on it.
+pub fn expandable_lends_behind_a_fence<H: Harness>(h: &H) {
+    let Some(a) = expandable(h, "expandable_segments:True") else {
+        return;
+    };
+    let b = a.backend();
+    let s0 = b.default_stream();
+    let side = h.new_stream(b);
+    let s1 = h.handle(&side);
+    let n = 32 * MIB;
+    let p = a.allocate(n, s0).expect("alloc");
+    h.make_busy(b, s0);
+    h.fill(b, p, n, 0x31, s0); // queued behind the busy work
+    a.free(p).expect("free");
+    let before = a.stats().reserved_bytes.all().current;
+    let q = a.allocate(n, s1).expect("alloc on the other stream");
+    assert_eq!(q, p, "the free block is lent");
+    assert_eq!(a.stats().reserved_bytes.all().current, before);
+    h.fill(b, q, n, 0x32, s1); // must run after s0's fill
+    a.free(q).expect("free");
+    // the lent block waits for s1's work: s0 gets other memory meanwhile
+    let busy = h.is_busy(b, s1);
+    let r = a.allocate(n, s0).expect("alloc meanwhile");
+    if busy {
+        assert!(
+            r + n <= p || r >= p + n,
+            "{r:#x} overlaps the pending {p:#x}"
+        );
+    }
+    h.release(b, s0);
+    h.release(b, s1);
+    expect_bytes(h, b, p, n, 0x32, format_args!("lent block {p:#x}"));
+    a.free(r).expect("free");
     check(&a);
     drop(side);
 }

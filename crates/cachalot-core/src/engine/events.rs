@@ -240,6 +240,15 @@ impl<B: Backend> EventState<B> {
         done
     }
 
+    /// The oldest pending fence of `stream` recorded after a free stamped
+    /// `stamp` (`None`: none is pending, or none is that late): work
+    /// queued behind it on another stream runs after every use of such a
+    /// block on `stream`.
+    pub fn covering(&self, stream: B::Stream, stamp: u64) -> Option<&B::Event> {
+        let f = self.fences.iter().find(|f| f.stream == stream)?;
+        f.ring.iter().find(|(s, _)| *s >= stamp).map(|(_, e)| e)
+    }
+
     /// After a synchronization of `stream`: every block freed on it so
     /// far is done.
     pub fn synchronized(&mut self, backend: &B, stream: B::Stream) {

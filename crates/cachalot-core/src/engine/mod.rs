@@ -490,6 +490,16 @@ impl<B: Backend> CachingAllocator<B> {
         self.lock().multi_thread
     }
 
+    /// Blocks lent from one stream to another so far (cachalot's
+    /// expandable mode, `docs/design-expandable.md` "Cross-stream
+    /// lending"), and of those the ones the borrowing stream waited for. A
+    /// testing and reporting hook.
+    #[doc(hidden)]
+    pub fn lent_blocks(&self) -> (u64, u64) {
+        let g = self.lock();
+        (g.lent, g.lent_waits)
+    }
+
     /// Makes the shards log from now on, as after two threads' fast
     /// operations met on the shared mirror. A testing hook: the logs and
     /// their flushes run on one thread, deterministically.

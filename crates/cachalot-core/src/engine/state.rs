@@ -137,6 +137,10 @@ pub(crate) struct Inner<B: Backend> {
     /// How far cachalot's expandable mode lets reserved memory pass the
     /// allocated peak before pages recycle.
     pub(super) recycling: crate::engine::expandable::Recycling,
+    /// Blocks lent to another stream so far (`Self::lend_block`).
+    pub(super) lent: u64,
+    /// Of those, the ones that made the borrowing stream wait for a fence.
+    pub(super) lent_waits: u64,
 }
 
 impl<B: Backend> Inner<B> {
@@ -166,6 +170,8 @@ impl<B: Backend> Inner<B> {
             windows_out: 0,
             windows_folded: 0,
             recycling: Default::default(),
+            lent: 0,
+            lent_waits: 0,
             config,
         }
     }
@@ -241,6 +247,9 @@ impl<B: Backend> Inner<B> {
             found = self.take_idle_block(backend, p)?;
         }
         if found.is_none() {
+            found = self.lend(backend, p);
+        }
+        if found.is_none() {
             found = self.alloc_segment(backend, p)?;
         }
         if found.is_none() && self.release_available_cached_blocks(backend, p)? {
@@ -267,6 +276,23 @@ impl<B: Backend> Inner<B> {
         }
     }
 
+    /// A free block of another stream lent to `p` ([`Self::lend_block`])
+    /// in cachalot's expandable mode, outside capture; `None` otherwise.
+    /// Each search of the ladder's free blocks is followed by one, so that
+    /// an OOM stays final (a release can make another stream's blocks
+    /// free, and the same request must not then succeed at once).
+    fn lend(&mut self, backend: &B, p: &Params<B::Stream>) -> Option<BlockId> {
+        let on = self.config.expandable_segments
+            && self.recycles_pages()
+            && !self.capture.is_active()
+            && backend.virtual_memory().is_some();
+        if on {
+            self.lend_block(backend, p)
+        } else {
+            None
+        }
+    }
+
     /// The last rung: synchronize every event, then (fixing PyTorch
     /// #189504) search the free blocks again before releasing the cache,
     /// and again after it (`alloc_after_release`) before asking the
@@ -278,7 +304,7 @@ impl<B: Backend> Inner<B> {
     ) -> Result<Option<BlockId>, Error> {
         self.stats.num_alloc_retries += 1;
         self.synchronize_and_free_events(backend, None)?;
-        if let Some(id) = self.get_free_block(p) {
+        if let Some(id) = self.get_free_block(p).or_else(|| self.lend(backend, p)) {
             return Ok(Some(id));
         }
         self.release_default_pools(backend);
@@ -301,7 +327,7 @@ impl<B: Backend> Inner<B> {
         p: &Params<B::Stream>,
     ) -> Result<Option<BlockId>, Error> {
         if self.ever_expandable
-            && let Some(id) = self.get_free_block(p)
+            && let Some(id) = self.get_free_block(p).or_else(|| self.lend(backend, p))
         {
             return Ok(Some(id));
         }
