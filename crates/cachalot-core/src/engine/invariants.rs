@@ -138,6 +138,21 @@ impl<B: Backend> Inner<B> {
         if e.start != start || e.size != seg.size || e.npages as u64 * e.page != e.size {
             return Err(format!("segment {start:#x}: expandable record disagrees"));
         }
+        let (mut end, mut mapped) = (0usize, 0usize);
+        for (&at, &(n, _)) in &e.runs {
+            if n == 0 || at < end || at + n > e.npages {
+                return Err(format!(
+                    "segment {start:#x}: run at page {at} of {n} pages overlaps or overruns"
+                ));
+            }
+            (end, mapped) = (at + n, mapped + n);
+        }
+        if mapped != e.mapped {
+            return Err(format!(
+                "segment {start:#x}: {} pages counted mapped, runs hold {mapped}",
+                e.mapped
+            ));
+        }
         let mut prev_unmapped = false;
         for id in self.blocks.segment_blocks(seg.head) {
             let b = &self.blocks[id];
@@ -159,16 +174,10 @@ impl<B: Backend> Inner<B> {
                 if b.stream != e.stream {
                     return Err(format!("unmapped block {id} not of its segment's stream"));
                 }
-                if e.pages
-                    .range(first as usize..=last as usize)
-                    .next()
-                    .is_some()
-                {
+                if e.mapped_in(first as usize, last as usize + 1) != 0 {
                     return Err(format!("unmapped block {id} has mapped pages"));
                 }
-            } else if e.pages.range(first as usize..=last as usize).count() as u64
-                != last - first + 1
-            {
+            } else if e.mapped_in(first as usize, last as usize + 1) as u64 != last - first + 1 {
                 return Err(format!("block {id} lies on unmapped pages"));
             }
             prev_unmapped = unmapped;
