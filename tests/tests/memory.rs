@@ -743,3 +743,30 @@ fn pages_map_in_runs_and_unmap_whole() {
         d.drop_without_vmm_leaks();
     }
 }
+
+/// Lending on a device with many busy streams probes few of them: one
+/// miss records completion fences on at most four streams (best fit
+/// first), not one on every stream holding a candidate, and the best fit
+/// is lent behind its fence.
+#[test]
+fn lending_probes_few_streams() {
+    let d = Dev::manual(CACHALOT);
+    let streams: Vec<MockStream> = (0..40).map(|_| d.stream()).collect();
+    let ps: Vec<u64> = streams.iter().map(|&s| d.alloc_on(10 * MIB, s)).collect();
+    for (i, (&s, &p)) in streams.iter().zip(&ps).enumerate() {
+        d.m.use_memory(s, p, 10 * MIB, i as u64 + 1).unwrap(); // pending
+        d.free(p);
+    }
+    let s = d.stream();
+    let recorded = d.m.call_count(MockCall::RecordEvent);
+    let b = d.alloc_on(10 * MIB, s);
+    let recorded = d.m.call_count(MockCall::RecordEvent) - recorded;
+    assert!(ps.contains(&b), "a busy stream's block is lent");
+    assert_eq!(d.a.lent_blocks(), (1, 1));
+    assert!(recorded <= 4, "{recorded} fences recorded for one miss");
+    d.m.use_memory(s, b, 10 * MIB, 99).unwrap();
+    assert_eq!(d.m.race_count(), 0);
+    d.free(b);
+    d.m.complete_all();
+    d.drop_without_vmm_leaks();
+}

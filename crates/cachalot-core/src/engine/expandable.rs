@@ -222,8 +222,10 @@ impl<B: Backend> Inner<B> {
     /// own stream's set once that work is done, as after `record_stream`.
     ///
     /// A block whose work is done (a completion fence of its stream
-    /// recorded after its free has completed, one probe per stream) is
-    /// taken first, with no wait. Otherwise the best-fitting one is taken
+    /// recorded after its free has completed) is taken first, with no
+    /// wait; the candidates are probed best fit first, on at most four
+    /// streams (a probe may record a fence: one miss on a device with many
+    /// busy streams records at most four). Otherwise the best-fitting one is taken
     /// and `p.stream` waits for the oldest fence of the block's stream
     /// recorded after its free (the probe records one when none is), so
     /// the new work runs after every earlier use of the block and no
@@ -234,7 +236,7 @@ impl<B: Backend> Inner<B> {
     /// PyTorch would grow. `Ok(None)`: no block fits, or the wait could
     /// not be queued (the caller grows instead).
     pub(super) fn lend_block(&mut self, backend: &B, p: &Params<B::Stream>) -> Option<BlockId> {
-        /// Candidates looked at per stream, smallest first (a busy stream's
+        /// Candidates taken per stream, smallest first (a busy stream's
         /// latest frees are not done yet; older, larger ones may be).
         const PER_STREAM: usize = 8;
         /// The most a lent block may exceed the request by: the larger of
@@ -245,6 +247,8 @@ impl<B: Backend> Inner<B> {
         /// 1.076 -> 1.138 of the allocated peak; churn_4streams 1.0624 ->
         /// 1.0583 with the bound, 1.0624 without).
         const LEND_LEFTOVER: u64 = 2 << 20;
+        /// The most streams one lending probes for completion fences.
+        const MAX_PROBES: usize = 4;
         if p.pool != DEFAULT_POOL {
             return None;
         }
@@ -256,47 +260,47 @@ impl<B: Backend> Inner<B> {
             .streams()
             .filter(|&s| s != p.stream)
             .collect();
-        let mut done: Vec<(B::Stream, u64)> = Vec::new();
-        // (size, addr, stream, id): the best done block, the best of any
-        type Cand<S> = Option<(u64, u64, S, BlockId)>;
-        let (mut best, mut any): (Cand<B::Stream>, Cand<B::Stream>) = (None, None);
+        // The candidates, (size, addr, stream, id): with no device call
+        let mut cands: Vec<(u64, u64, B::Stream, BlockId)> = Vec::new();
         for s in streams {
-            let mut at = self
-                .pools
-                .pool(p.pool, p.small)
-                .free
-                .first_at_least(s, p.size);
+            let pool = self.pools.pool(p.pool, p.small);
+            let mut at = pool.free.first_at_least(s, p.size);
             let mut looked = 0;
             while let Some(f) = at {
                 if !fit.accepts(p.size, f.size)
                     || f.size - p.size > LEND_LEFTOVER.max(p.size / 2)
-                    || best.is_some_and(|b| (f.size, f.addr) >= (b.0, b.1))
                     || looked == PER_STREAM
                 {
                     break;
                 }
                 looked += 1;
                 if self.unmappable(f.id) {
-                    let c = Some((f.size, f.addr, s, f.id));
-                    if any.is_none_or(|a| (f.size, f.addr) < (a.0, a.1)) {
-                        any = c;
-                    }
-                    if self.done_on(backend, &mut done, s) >= self.blocks.freed_at(f.id) {
-                        best = c;
-                        break;
-                    }
+                    cands.push((f.size, f.addr, s, f.id));
                 }
-                at = self
-                    .pools
-                    .pool(p.pool, p.small)
-                    .free
-                    .next_after(s, f.size, f.addr);
+                at = pool.free.next_after(s, f.size, f.addr);
             }
         }
+        cands.sort_unstable_by_key(|c| (c.0, c.1));
+        // Then, best fit first, the first whose work is done, probing at
+        // most `MAX_PROBES` streams (a probe may record a fence: a miss on
+        // a device with many streams must not record one on each).
+        let mut done: Vec<(B::Stream, u64)> = Vec::new();
+        let mut best = None;
+        for &(_, _, s, id) in &cands {
+            if !done.iter().any(|e| e.0 == s) && done.len() == MAX_PROBES {
+                continue;
+            }
+            if self.done_on(backend, &mut done, s) >= self.blocks.freed_at(id) {
+                best = Some((s, id));
+                break;
+            }
+        }
+        let any = cands.first().map(|c| (c.2, c.3));
         let (s, id) = match (best, any) {
-            (Some((_, _, s, id)), _) => (s, id),
-            (None, Some((_, _, s, id))) => {
-                // the probe above left a fence after every free of `s`
+            (Some((s, id)), _) => (s, id),
+            (None, Some((s, id))) => {
+                // the probe above (the best fit's stream is probed first)
+                // left a fence after every free of `s`
                 let stamp = self.blocks.freed_at(id);
                 let ev = self.events.covering(s, stamp)?;
                 if let Err(err) = backend.stream_wait_event(p.stream, ev) {
