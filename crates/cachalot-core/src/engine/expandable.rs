@@ -113,6 +113,16 @@ impl<B: Backend> Inner<B> {
         self.config.placement != Placement::PyTorch
     }
 
+    /// Whether this operation may move memory between streams' expandable
+    /// segments (page recycling, [`Self::lend_block`]): cachalot's
+    /// expandable mode on a backend with virtual memory, outside capture.
+    pub(super) fn moves_memory(&self, backend: &B) -> bool {
+        self.config.expandable_segments
+            && backend.virtual_memory().is_some()
+            && self.recycles_pages()
+            && !self.capture.is_active()
+    }
+
     /// Page recycling, before an expandable segment maps what request `p`
     /// needs: when that would take reserved memory past the recycling cap,
     /// unmaps whole free pages of the default pools' expandable segments
@@ -233,8 +243,8 @@ impl<B: Backend> Inner<B> {
     /// no host synchronization. Memory one stream cached and no longer
     /// uses thus serves another where page recycling would unmap and map
     /// it again (driver calls of tens of microseconds per page) and where
-    /// PyTorch would grow. `Ok(None)`: no block fits, or the wait could
-    /// not be queued (the caller grows instead).
+    /// PyTorch would grow. `None`: no block fits, or the wait could not be
+    /// queued (the caller grows instead).
     pub(super) fn lend_block(&mut self, backend: &B, p: &Params<B::Stream>) -> Option<BlockId> {
         /// Candidates taken per stream, smallest first (a busy stream's
         /// latest frees are not done yet; older, larger ones may be).

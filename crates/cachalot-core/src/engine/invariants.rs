@@ -138,20 +138,14 @@ impl<B: Backend> Inner<B> {
         if e.start != start || e.size != seg.size || e.npages as u64 * e.page != e.size {
             return Err(format!("segment {start:#x}: expandable record disagrees"));
         }
-        let (mut end, mut mapped) = (0usize, 0usize);
+        let mut end = 0usize;
         for (&at, &(n, _)) in &e.runs {
             if n == 0 || at < end || at + n > e.npages {
                 return Err(format!(
                     "segment {start:#x}: run at page {at} of {n} pages overlaps or overruns"
                 ));
             }
-            (end, mapped) = (at + n, mapped + n);
-        }
-        if mapped != e.mapped {
-            return Err(format!(
-                "segment {start:#x}: {} pages counted mapped, runs hold {mapped}",
-                e.mapped
-            ));
+            end = at + n;
         }
         let mut prev_unmapped = false;
         for id in self.blocks.segment_blocks(seg.head) {

@@ -54,8 +54,6 @@ pub(crate) struct Expandable<P, S> {
     /// physical memory mapped there). A sparse table: a reservation spans
     /// about 1.125× the device in 2 MiB pages, of which few are mapped.
     pub runs: BTreeMap<usize, (usize, P)>,
-    /// Pages mapped (the runs' lengths summed).
-    pub mapped: usize,
     /// Pages in the reservation.
     pub npages: usize,
     /// The stream it was created for (synchronized before unmapping).
@@ -65,7 +63,7 @@ pub(crate) struct Expandable<P, S> {
 impl<P, S> Expandable<P, S> {
     /// Bytes mapped.
     pub fn mapped_bytes(&self) -> u64 {
-        self.mapped as u64 * self.page
+        self.runs.values().map(|r| r.0 as u64).sum::<u64>() * self.page
     }
 
     /// The run holding page `i`: (first page, pages).
@@ -99,7 +97,7 @@ impl<P, S> Expandable<P, S> {
             && let Some((at, n)) = self.run_at(hi - 1)
             && at + n > hi
         {
-            hi = at.max(lo);
+            hi = at;
         }
         (lo, hi.max(lo))
     }
@@ -329,7 +327,7 @@ impl<B: Backend> Inner<B> {
         // first, then pages elsewhere recycle to make room (before the
         // memory-fraction check: recycled pages make room)
         let mut chain = None;
-        if expandable && self.recycles_pages() && !self.capture.is_active() {
+        if self.moves_memory(backend) {
             let (need, keep) = match self.recycling_chain(p) {
                 Some((start, need, keep)) => {
                     chain = Some(start);
@@ -537,7 +535,6 @@ impl<B: Backend> Inner<B> {
             size,
             page,
             runs: BTreeMap::new(),
-            mapped: 0,
             npages: pages,
             stream,
         };
@@ -631,7 +628,6 @@ impl<B: Backend> Inner<B> {
         for (i, n, h) in made {
             let old = e.runs.insert(i, (n, h));
             debug_assert!(old.is_none());
-            e.mapped += n;
         }
         Ok(Some(bytes))
     }
@@ -693,7 +689,6 @@ impl<B: Backend> Inner<B> {
                 break;
             }
             let (_, h) = e.runs.remove(&i).expect("a mapped run");
-            e.mapped -= n;
             done = i + n;
             if keep {
                 self.segments.spare.push((bytes, h));

@@ -282,15 +282,17 @@ impl<B: Backend> Inner<B> {
     /// an OOM stays final (a release can make another stream's blocks
     /// free, and the same request must not then succeed at once).
     fn lend(&mut self, backend: &B, p: &Params<B::Stream>) -> Option<BlockId> {
-        let on = self.config.expandable_segments
-            && self.recycles_pages()
-            && !self.capture.is_active()
-            && backend.virtual_memory().is_some();
-        if on {
+        if self.moves_memory(backend) {
             self.lend_block(backend, p)
         } else {
             None
         }
+    }
+
+    /// The ladder's search of the cached blocks after a release: `p`'s own
+    /// stream's free blocks, then another stream's ([`Self::lend`]).
+    fn search_cached(&mut self, backend: &B, p: &Params<B::Stream>) -> Option<BlockId> {
+        self.get_free_block(p).or_else(|| self.lend(backend, p))
     }
 
     /// The last rung: synchronize every event, then (fixing PyTorch
@@ -304,7 +306,7 @@ impl<B: Backend> Inner<B> {
     ) -> Result<Option<BlockId>, Error> {
         self.stats.num_alloc_retries += 1;
         self.synchronize_and_free_events(backend, None)?;
-        if let Some(id) = self.get_free_block(p).or_else(|| self.lend(backend, p)) {
+        if let Some(id) = self.search_cached(backend, p) {
             return Ok(Some(id));
         }
         self.release_default_pools(backend);
@@ -327,7 +329,7 @@ impl<B: Backend> Inner<B> {
         p: &Params<B::Stream>,
     ) -> Result<Option<BlockId>, Error> {
         if self.ever_expandable
-            && let Some(id) = self.get_free_block(p).or_else(|| self.lend(backend, p))
+            && let Some(id) = self.search_cached(backend, p)
         {
             return Ok(Some(id));
         }
