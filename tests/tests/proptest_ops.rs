@@ -405,8 +405,17 @@ fn run_with(ops: Vec<Op>, completion: Completion, expandable: bool) -> Result<()
     Ok(())
 }
 
+/// Cases per property: 1,024 (CI), or `PROPTEST_CASES` when set (longer
+/// local runs), at most a million.
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .map_or(1024, |n| n.clamp(1, 1_000_000))
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
     #[test]
     fn random_operations_keep_every_invariant(ops in proptest::collection::vec(op(), 1..200)) {
         run(ops, Completion::Manual)?;

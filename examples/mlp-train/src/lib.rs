@@ -121,7 +121,11 @@ pub struct Config {
     /// Timed steps.
     pub steps: usize,
     /// Extra steps after the timed ones that sample the driver's free
-    /// memory after every allocation (the peak-memory pass).
+    /// memory after every allocation (the peak-memory pass): at least one
+    /// cycle of `batches`, so that every batch size, the largest
+    /// included, is in it (a way that gives memory back at every
+    /// synchronization, as the driver's pool does, would otherwise show
+    /// the peak of the smaller batches only).
     pub memory_steps: usize,
     /// SGD learning rate.
     pub lr: f32,
@@ -141,7 +145,7 @@ impl Config {
             batches: vec![512, 768, 256, 1024, 640, 384, 896, 320],
             warmup: 8,
             steps: 40,
-            memory_steps: 3,
+            memory_steps: 8,
             lr: 0.05,
             seed: 0x5eed,
         }
@@ -154,7 +158,7 @@ impl Config {
             batches: vec![32, 17, 48],
             warmup: 2,
             steps: 4,
-            memory_steps: 1,
+            memory_steps: 3,
             lr: 0.1,
             seed: 7,
         }
@@ -176,6 +180,13 @@ impl Config {
         }
         if self.steps == 0 {
             return Err(RunError("steps must be at least 1".into()));
+        }
+        if self.memory_steps < self.batches.len() {
+            return Err(RunError(format!(
+                "memory_steps ({}) must cover every batch size ({} of them)",
+                self.memory_steps,
+                self.batches.len()
+            )));
         }
         let wmax = self.widths.iter().max().copied().unwrap_or(0);
         let bmax = self.batches.iter().max().copied().unwrap_or(0);
@@ -279,6 +290,8 @@ pub struct AllocClock {
     pending: Cell<Option<Instant>>,
     sample: Cell<bool>,
     min_free: Cell<usize>,
+    /// The lowest free figure within the current memory step.
+    step_min_free: Cell<usize>,
 }
 
 impl AllocClock {
@@ -301,6 +314,7 @@ impl AllocClock {
             && let Ok((free, _)) = cudarc::driver::result::mem_get_info()
         {
             self.min_free.set(self.min_free.get().min(free));
+            self.step_min_free.set(self.step_min_free.get().min(free));
         }
     }
 }
@@ -768,6 +782,10 @@ pub struct WayReport {
     /// memory pass (baseline free minus the lowest free seen), weights
     /// included.
     pub driver_peak: u64,
+    /// The same figure for each step of the memory pass: (batch rows,
+    /// bytes), so that a way's peak can be compared batch size by batch
+    /// size.
+    pub driver_peak_by_step: Vec<(usize, u64)>,
     /// cachalot's own peak reserved / allocated bytes and device calls.
     pub cachalot: Option<(i64, i64, i64)>,
     /// The loss of every step (warm-up, timed, memory pass).
@@ -859,6 +877,7 @@ pub fn run_way<W: Way>(
     let baseline = gpu.free_memory()?;
     let clock = Rc::new(AllocClock {
         min_free: Cell::new(baseline),
+        step_min_free: Cell::new(baseline),
         ..AllocClock::default()
     });
     way.prepare(&gpu.ctx)?;
@@ -882,6 +901,7 @@ pub fn run_way<W: Way>(
     let mut step_times = Vec::with_capacity(cfg.steps);
     let mut alloc_time = Duration::ZERO;
     let mut alloc_calls = 0;
+    let mut by_step = Vec::with_capacity(cfg.memory_steps);
     // the first batch, prefetched
     let mut next = Some(upload(&mem, copy, &data[0])?);
     for step in 0..total {
@@ -907,6 +927,10 @@ pub fn run_way<W: Way>(
             alloc_time += a;
             alloc_calls += n;
         }
+        if clock.sample.get() {
+            let low = clock.step_min_free.replace(baseline);
+            by_step.push((cfg.batch(step), baseline.saturating_sub(low) as u64));
+        }
     }
     gpu.ctx.synchronize().map_err(err("synchronize"))?;
     let losses_host = s.clone_dtoh(&losses).map_err(err("read losses"))?;
@@ -917,6 +941,7 @@ pub fn run_way<W: Way>(
         alloc_time,
         alloc_calls,
         driver_peak: baseline.saturating_sub(min_free) as u64,
+        driver_peak_by_step: by_step,
         cachalot: way.cachalot_stats(),
         losses: losses_host,
     };
@@ -1163,6 +1188,27 @@ pub fn table(reports: &[WayReport]) -> String {
     out
 }
 
+/// The driver's peak of every way in each step of the memory pass, one
+/// column per step (headed by its batch rows), in MiB.
+pub fn peaks_by_step(reports: &[WayReport]) -> String {
+    let Some(first) = reports.first() else {
+        return String::new();
+    };
+    let mut out = format!("{:<20}", "peak_MiB by rows");
+    for &(rows, _) in &first.driver_peak_by_step {
+        out.push_str(&format!(" {rows:>7}"));
+    }
+    out.push('\n');
+    for r in reports {
+        out.push_str(&format!("{:<20}", r.way));
+        for &(_, bytes) in &r.driver_peak_by_step {
+            out.push_str(&format!(" {:>7.1}", bytes as f64 / 1048576.0));
+        }
+        out.push('\n');
+    }
+    out
+}
+
 /// One line per (cachalot way, cudarc way) pair: step time and peak
 /// memory of cachalot relative to the driver pool's.
 pub fn verdicts(reports: &[WayReport]) -> Vec<String> {
@@ -1207,6 +1253,11 @@ pub fn json(cfg: &Config, reports: &[WayReport], identical: bool) -> serde_json:
                 "alloc_host_us_per_step": r.alloc_time.as_secs_f64() * 1e6 / steps,
                 "alloc_calls_per_step": r.alloc_calls as f64 / steps,
                 "peak_bytes_driver": r.driver_peak,
+                "peak_bytes_driver_by_step": r
+                    .driver_peak_by_step
+                    .iter()
+                    .map(|&(rows, bytes)| serde_json::json!({"rows": rows, "bytes": bytes}))
+                    .collect::<Vec<_>>(),
                 "cachalot_peak_reserved": r.cachalot.map(|c| c.0),
                 "cachalot_peak_allocated": r.cachalot.map(|c| c.1),
                 "cachalot_device_allocs": r.cachalot.map(|c| c.2),
@@ -1228,6 +1279,30 @@ pub fn json(cfg: &Config, reports: &[WayReport], identical: bool) -> serde_json:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The peak-memory pass sees every batch size, the largest included
+    /// (it saw 512, 768 and 256 rows only when it was three steps long,
+    /// while cachalot's own peak covered the 1,024-row steps too), and a
+    /// configuration whose pass is shorter than a cycle is refused.
+    #[test]
+    fn the_memory_pass_covers_every_batch_size() {
+        for cfg in [Config::standard(), Config::tiny()] {
+            cfg.validate().unwrap();
+            let first = cfg.warmup + cfg.steps;
+            let mut seen: Vec<usize> = (first..cfg.total_steps()).map(|i| cfg.batch(i)).collect();
+            seen.sort_unstable();
+            seen.dedup();
+            let mut all = cfg.batches.clone();
+            all.sort_unstable();
+            all.dedup();
+            assert_eq!(seen, all);
+        }
+        let short = Config {
+            memory_steps: 3,
+            ..Config::standard()
+        };
+        assert!(short.validate().is_err());
+    }
 
     #[test]
     fn spread_is_median_and_nearest_rank() {
@@ -1254,6 +1329,7 @@ mod tests {
             alloc_time: Duration::ZERO,
             alloc_calls: 0,
             driver_peak: 0,
+            driver_peak_by_step: Vec::new(),
             cachalot: None,
             losses,
         };
@@ -1314,6 +1390,7 @@ mod tests {
             alloc_time: Duration::from_micros(30),
             alloc_calls: 12,
             driver_peak: 3 << 20,
+            driver_peak_by_step: vec![(32, 3 << 20), (17, 1 << 20)],
             cachalot: Some((4 << 20, 2 << 20, 5)),
             losses: vec![2.0, 1.5],
         };
@@ -1334,7 +1411,13 @@ mod tests {
             t.contains("cachalot") && t.contains("2.000") && t.contains("4.0 MiB"),
             "{t}"
         );
+        let p = peaks_by_step(std::slice::from_ref(&rep));
+        assert!(
+            p.contains("     32      17") && p.contains("    3.0     1.0"),
+            "{p}"
+        );
         let j = json(&cfg, &[rep], true);
+        assert_eq!(j["ways"][0]["peak_bytes_driver_by_step"][1]["rows"], 17);
         assert_eq!(j["ways"][0]["alloc_calls_per_step"], 4.0);
         assert_eq!(j["ways"][0]["cachalot_peak_reserved"], 4 << 20);
         assert_eq!(j["ways"][0]["final_loss"], 1.5);

@@ -20,7 +20,7 @@ use cachalot::AllocatorConfig;
 use cachalot::cuda::CudaAllocator;
 use mlp_train::{
     CachalotWay, Config, CudarcWay, Gpu, PlainWay, RunError, WayReport, batch_data,
-    gpu_unavailable, json, losses_identical, run_way, spread, table, verdicts,
+    gpu_unavailable, json, losses_identical, peaks_by_step, run_way, spread, table, verdicts,
 };
 
 const USAGE: &str = "usage: mlp-train [--tiny] [--steps N] [--warmup N] [--ways cudarc,cudarc-retain,cuMemAlloc,cachalot,cachalot-expandable]";
@@ -157,6 +157,7 @@ fn main() -> ExitCode {
         );
     }
     print!("{}", table(&reports));
+    print!("{}", peaks_by_step(&reports));
     for v in verdicts(&reports) {
         println!("{v}");
     }

@@ -92,7 +92,7 @@ impl<B: Backend> Inner<B> {
             let mut cur: Option<SegmentSnapshot> = None;
             for id in self.blocks.segment_blocks(seg.head) {
                 let b = &self.blocks[id];
-                if b.state == BState::Unmapped {
+                if matches!(b.state, BState::Unmapped | BState::Retiring) {
                     segments.extend(cur.take());
                     continue;
                 }
