@@ -39,10 +39,6 @@ pub fn all<H: Harness>() -> Vec<Check<H>> {
             expandable_lends_behind_a_fence::<H>,
         ),
         (
-            "expandable_moves_own_pages_without_a_wait",
-            expandable_moves_own_pages_without_a_wait::<H>,
-        ),
-        (
             "expandable_record_stream_keeps_pages",
             expandable_record_stream_keeps_pages::<H>,
         ),
@@ -221,49 +217,6 @@ pub fn expandable_lends_behind_a_fence<H: Harness>(h: &H) {
     a.free(r).expect("free");
     check(&a);
     drop(side);
-}
-
-/// cachalot's expandable mode: the pages of a block freed on a stream
-/// still busy with work on it move to another address of the same stream
-/// with no wait (the memory is mapped at both addresses until that work is
-/// done). The new block's fill, queued behind the old fill on the same
-/// stream, is what the memory holds afterwards; once the work is done the
-/// old mapping goes at the next mapping, and `empty_cache` returns every
-/// page.
-pub fn expandable_moves_own_pages_without_a_wait<H: Harness>(h: &H) {
-    let Some(a) = expandable(h, "expandable_segments:True") else {
-        return;
-    };
-    let b = a.backend();
-    let s0 = b.default_stream();
-    let n = 40 * MIB;
-    let p = a.allocate(n, s0).expect("alloc");
-    let sep = a.allocate(2 * MIB, s0).expect("alloc"); // keeps p apart
-    h.make_busy(b, s0);
-    h.fill(b, p, n, 0x41, s0); // queued behind the busy work
-    a.free(p).expect("free");
-    let busy = h.is_busy(b, s0);
-    // larger than p: p's pages move, to the chain at the segment's end
-    let m = n + 2 * MIB;
-    let q = a.allocate(m, s0).expect("alloc while busy");
-    if busy {
-        assert_eq!(a.retired_blocks(), (1, 1), "moved without a wait");
-        assert!(h.is_busy(b, s0), "no wait for the stream");
-    }
-    assert!(q >= p + n || q + m <= p, "{q:#x} is a new address");
-    h.fill(b, q, m, 0x42, s0); // after the old fill, on the same stream
-    h.release(b, s0);
-    expect_bytes(h, b, q, m, 0x42, format_args!("moved block {q:#x}"));
-    let r = a.allocate(8 * MIB, s0).expect("alloc after");
-    assert_eq!(a.retired_blocks().1, 0, "the old mapping is gone");
-    fill_and_check(h, b, r, 8 * MIB, 0x43, s0);
-    expect_bytes(h, b, q, m, 0x42, format_args!("moved block {q:#x}"));
-    for x in [q, r, sep] {
-        a.free(x).expect("free");
-    }
-    a.empty_cache().expect("empty_cache");
-    assert_eq!(a.stats().reserved_bytes.all().current, 0);
-    check(&a);
 }
 
 /// Expandable segments: a block freed while a busy side stream still uses

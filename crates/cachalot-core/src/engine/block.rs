@@ -61,13 +61,6 @@ pub(crate) enum BState {
     /// (`expandable_segments:True`): kept in its pool's unmapped set, never
     /// in a free set.
     Unmapped,
-    /// Address space of an expandable segment whose pages moved to another
-    /// address of the same stream without waiting for the work queued on
-    /// them (cachalot's expandable mode): still mapped to that memory until
-    /// the work is done, then unmapped and filed as [`Self::Unmapped`]
-    /// ([`Segments::retiring`](crate::engine::segments::Segments)). In no
-    /// free or unmapped set.
-    Retiring,
     /// Slab slot not in use.
     Dead,
 }

@@ -7,17 +7,16 @@
 
 use std::ops::Range;
 
-use crate::backend::{Backend, VirtualMemory};
+use crate::backend::Backend;
 use crate::config::Placement;
 use crate::engine::block::{BState, Block, BlockId, NIL};
 use crate::engine::history::TraceAction;
 use crate::engine::placement::FitRule;
 use crate::engine::pools::DEFAULT_POOL;
 use crate::engine::rounding::SMALL_BUFFER;
-use crate::engine::segments::{Retiring, Spare, UnmapSync, sync_stream};
+use crate::engine::segments::{UnmapSync, sync_stream};
 use crate::engine::state::{Inner, Params};
 use crate::error::Error;
-use crate::stats::StatType;
 
 /// How far past the allocated peak cachalot's expandable mode lets
 /// reserved memory grow before pages recycle (`docs/design-expandable.md`,
@@ -48,18 +47,6 @@ struct Chain {
     last: BlockId,
     /// The bytes of the request that fall on unmapped blocks.
     unmapped: u64,
-}
-
-/// The passes of [`Inner::recycle_pages`] over its candidates.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Pass {
-    /// Blocks whose work is done: unmapped now.
-    Done,
-    /// Blocks of the requesting stream's own segment with work queued:
-    /// moved without a wait ([`Inner::retire_block`]).
-    Retire,
-    /// Other busy blocks: a wait past the hard cap, else growth.
-    Wait,
 }
 
 /// The first allowance: 1/`FIRST_SLACK` of the allocated peak.
@@ -154,13 +141,7 @@ impl<B: Backend> Inner<B> {
     /// repeating workload settles on a mapping it keeps (no device calls
     /// once its first passes are done) instead of moving the same pages
     /// every pass.
-    pub(super) fn recycle_pages(
-        &mut self,
-        backend: &B,
-        need: u64,
-        keep: Range<u64>,
-        req: B::Stream,
-    ) {
+    pub(super) fn recycle_pages(&mut self, backend: &B, need: u64, keep: Range<u64>) {
         let r = self.stats.reserved_bytes.all();
         let (current, peak) = (r.current.max(0) as u64, r.peak.max(0) as u64);
         let live = self.stats.allocated_bytes.all().peak.max(0) as u64;
@@ -176,7 +157,7 @@ impl<B: Backend> Inner<B> {
         let mut cands: Vec<(u64, u64, BlockId)> = Vec::new();
         for small in [true, false] {
             for e in self.pools.pool(DEFAULT_POOL, small).free.iter() {
-                if self.unmappable(e.id) && !keep.contains(&e.addr) && !self.holds_aliased(e.id) {
+                if self.unmappable(e.id) && !keep.contains(&e.addr) {
                     let pages = self.unmappable_bytes(e.id);
                     if pages > 0 {
                         cands.push((pages, e.addr, e.id));
@@ -194,24 +175,15 @@ impl<B: Backend> Inner<B> {
         // `HARD_SLACK_MAX`), pages of busy streams, after one
         // synchronization each; below it the segment grows instead: a stall
         // of the pipeline costs more than a few pages.
-        //
-        // In between, pages of the requesting stream's own segment whose
-        // work is still queued on that stream move without a wait
-        // ([`Self::retire_block`]): the new mapping's work queues behind
-        // it on the same stream, and the old mapping is unmapped once it
-        // is done.
         let clock = self.events.clock();
         let mut done: Vec<(B::Stream, u64)> = Vec::new();
-        for pass in [Pass::Done, Pass::Retire, Pass::Wait] {
+        for busy_pass in [false, true] {
             for &(_, _, id) in &cands {
                 if want == 0 {
                     return;
                 }
                 // an earlier unmap may have reused the id
-                if !self.unmappable(id)
-                    || keep.contains(&self.blocks[id].addr)
-                    || self.holds_aliased(id)
-                {
+                if !self.unmappable(id) || keep.contains(&self.blocks[id].addr) {
                     continue;
                 }
                 let stream = self.segments.expandable_at(self.blocks[id].addr).1.stream;
@@ -219,15 +191,7 @@ impl<B: Backend> Inner<B> {
                 let ok = self.done_on(backend, &mut done, own) >= self.blocks.freed_at(id)
                     && (own == stream || self.done_on(backend, &mut done, stream) == clock);
                 if !ok {
-                    if pass == Pass::Done {
-                        continue;
-                    }
-                    if pass == Pass::Retire {
-                        if own == stream && own == req {
-                            let got = self.retire_block(id, want);
-                            want = want.saturating_sub(got);
-                            self.recycling.moved(got, live);
-                        }
+                    if !busy_pass {
                         continue;
                     }
                     if want <= slack {
@@ -256,168 +220,6 @@ impl<B: Backend> Inner<B> {
                 self.recycling.moved(got, live);
             }
         }
-    }
-
-    /// Whether free block `id` holds a run whose memory a retiring block's
-    /// old mapping still maps ([`Segments::aliased`](crate::engine::segments::Segments)):
-    /// it does not move again before that mapping is gone.
-    fn holds_aliased(&self, id: BlockId) -> bool {
-        let b = &self.blocks[id];
-        !self.segments.aliased.is_empty()
-            && self
-                .segments
-                .aliased
-                .range(b.addr..b.addr + b.size)
-                .next()
-                .is_some()
-    }
-
-    /// Moves the pages of free block `id` (of the requesting stream's own
-    /// segment, with work still queued on that stream) without a wait: up
-    /// to `want` bytes of its whole runs, from its start, leave the page
-    /// table for [`Segments::spare`](crate::engine::segments::Segments),
-    /// where the mapping of this operation takes them, while their old
-    /// mapping stays until that work is done ([`BState::Retiring`],
-    /// [`Self::poll_retiring`]). Safe because the new mapping serves the
-    /// same stream, whose later work runs after the work queued on the old
-    /// one. Reserved memory counts the memory once: it leaves with the old
-    /// mapping here and comes back with the new one. Returns the bytes
-    /// moved.
-    fn retire_block(&mut self, id: BlockId, want: u64) -> u64 {
-        let (addr, size, stream, small) = {
-            let b = &self.blocks[id];
-            debug_assert!(b.state == BState::Free && b.expandable);
-            (b.addr, b.size, b.stream, b.small)
-        };
-        let (index, e) = self.segments.expandable_at(addr);
-        let (start, page) = (e.start, e.page);
-        let (begin, end) = e.whole_runs(
-            (addr - start).div_ceil(page) as usize,
-            ((addr + size - start) / page) as usize,
-        );
-        let mut stop = begin;
-        while stop < end && ((stop - begin) as u64 * page) < want {
-            let Some(&(n, _)) = e.runs.get(&stop) else {
-                break;
-            };
-            stop += n;
-        }
-        if stop == begin {
-            return 0;
-        }
-        let (ustart, bytes) = (start + begin as u64 * page, (stop - begin) as u64 * page);
-        self.remove_free(id);
-        let mut id = id;
-        if ustart > addr {
-            let rid = self.blocks.split(id, ustart - addr);
-            self.insert_free(id);
-            id = rid;
-        }
-        if self.blocks[id].size > bytes {
-            let rid = self.blocks.split(id, bytes);
-            self.insert_free(rid);
-        }
-        self.blocks[id].state = BState::Retiring;
-        let stamp = self.blocks.freed_at(id);
-        let e = self.segments.expandable[index as usize]
-            .as_mut()
-            .expect("a live expandable segment");
-        let mut maps = Vec::new();
-        let mut i = begin;
-        while i < stop {
-            let (n, h) = e.runs.remove(&i).expect("a mapped run");
-            let at = start + i as u64 * page;
-            maps.push((at, n as u64 * page));
-            self.segments.spare.push(Spare {
-                bytes: n as u64 * page,
-                handle: h,
-                alias: Some(id),
-            });
-            i += n;
-        }
-        self.segments.retiring.push(Retiring {
-            block: id,
-            maps,
-            stream,
-            stamp,
-            small,
-            held: Vec::new(),
-            moved_to: Vec::new(),
-        });
-        self.stats.on_unmap(StatType::of_pool(small), bytes);
-        self.trace(TraceAction::SegmentUnmap, ustart, bytes, stream);
-        self.retired += 1;
-        tracing::debug!(addr = ustart, bytes, "pages moved without a wait");
-        bytes
-    }
-
-    /// Unmaps the old mappings of retiring blocks whose work is done (a
-    /// completion fence of their stream recorded after their free has
-    /// completed) and files them unmapped, releasing the memory the new
-    /// mappings did not take; with `wait`, waits for the streams of the
-    /// others first (a release path: every old mapping goes). Nothing
-    /// during a capture (unmapping may need a wait, which it forbids).
-    pub(super) fn poll_retiring(&mut self, backend: &B, wait: bool) {
-        if self.segments.retiring.is_empty() || self.capture.is_active() {
-            return;
-        }
-        let mut seen: Vec<(B::Stream, u64)> = Vec::new();
-        let mut k = 0;
-        while k < self.segments.retiring.len() {
-            let (stream, stamp) = {
-                let r = &self.segments.retiring[k];
-                (r.stream, r.stamp)
-            };
-            let mut ready = self.done_on(backend, &mut seen, stream) >= stamp;
-            if !ready && wait {
-                match sync_stream(backend, stream) {
-                    Ok(()) => {
-                        self.events.synchronized(backend, stream);
-                        note_done(&mut seen, stream, self.events.clock());
-                        ready = true;
-                    }
-                    Err(err) => {
-                        tracing::debug!(%err, "synchronizing before an unmap failed; the old mapping stays");
-                    }
-                }
-            }
-            if ready && self.finish_retiring(backend, k) {
-                continue; // the last entry moved to k
-            }
-            k += 1;
-        }
-    }
-
-    /// Unmaps retiring entry `k`'s old mappings (its work is done), files
-    /// its block unmapped and releases what it holds; false when an unmap
-    /// failed (recorded; the entry stays for a later try).
-    fn finish_retiring(&mut self, backend: &B, k: usize) -> bool {
-        let Some(vm) = backend.virtual_memory() else {
-            return false;
-        };
-        let r = &mut self.segments.retiring[k];
-        while let Some(&(at, bytes)) = r.maps.last() {
-            if let Err(err) = vm.unmap(at, bytes) {
-                tracing::warn!(%err, at, "unmapping a moved page's old mapping failed");
-                self.release_failures.record(0, err);
-                return false;
-            }
-            r.maps.pop();
-        }
-        let r = self.segments.retiring.swap_remove(k);
-        for at in &r.moved_to {
-            self.segments.aliased.remove(at);
-        }
-        let st = StatType::of_pool(r.small);
-        for (bytes, h) in r.held {
-            self.stats.reserved_bytes.update(st, -(bytes as i64));
-            if let Err(err) = vm.release_physical(h) {
-                tracing::warn!(%err, "releasing a moved page's memory failed");
-                self.release_failures.record(bytes, err);
-            }
-        }
-        self.file_unmapped(r.block);
-        true
     }
 
     /// Cross-stream lending (cachalot's expandable mode, outside capture):
@@ -786,10 +588,10 @@ impl<B: Backend> Inner<B> {
         sync: UnmapSync,
         unreserve: bool,
     ) -> u64 {
-        let (addr, size, stream, small) = {
+        let (addr, size, stream, pool, small) = {
             let b = &self.blocks[id];
             debug_assert!(b.state == BState::Free && b.expandable);
-            (b.addr, b.size, b.stream, b.small)
+            (b.addr, b.size, b.stream, b.pool, b.small)
         };
         let Some((ustart, usize_)) = self.unmap_pages(backend, addr, size, sync) else {
             return 0;
@@ -805,27 +607,11 @@ impl<B: Backend> Inner<B> {
             let rid = self.blocks.split(id, usize_);
             self.insert_free(rid);
         }
-        let (id, whole) = self.file_unmapped(id);
-        self.stats
-            .on_unmap(crate::stats::StatType::of_pool(small), usize_);
-        self.trace(TraceAction::SegmentUnmap, ustart, usize_, stream);
-        if whole && unreserve {
-            self.release_expandable_segment(backend, id);
-        }
-        usize_
-    }
-
-    /// Files block `id`, whose pages are no longer mapped, as unmapped:
-    /// merged with its unmapped neighbours, under its segment's stream, in
-    /// its pool's unmapped set. Returns the merged block and whether it is
-    /// the whole segment.
-    fn file_unmapped(&mut self, mut id: BlockId) -> (BlockId, bool) {
-        let (pool, small) = (self.blocks[id].pool, self.blocks[id].small);
         self.blocks[id].state = BState::Unmapped;
         // Unmapped neighbours merge regardless of stream (PyTorch's
         // `try_merge_blocks` compares `mapped` only); the merged block takes
         // the segment's stream.
-        let seg_stream = self.segments.expandable_at(self.blocks[id].addr).1.stream;
+        let seg_stream = self.segments.expandable_at(ustart).1.stream;
         let prev = self.blocks[id].prev;
         if prev != NIL && self.blocks[prev].state == BState::Unmapped {
             let (ps, pa) = (self.blocks[prev].stream, self.blocks[prev].addr);
@@ -846,7 +632,13 @@ impl<B: Backend> Inner<B> {
             .pool_mut(pool, small)
             .unmapped
             .insert((seg_stream, baddr), id);
-        (id, whole)
+        self.stats
+            .on_unmap(crate::stats::StatType::of_pool(small), usize_);
+        self.trace(TraceAction::SegmentUnmap, ustart, usize_, stream);
+        if whole && unreserve {
+            self.release_expandable_segment(backend, id);
+        }
+        usize_
     }
 
     /// Unreserves the expandable segment whose single block is unmapped

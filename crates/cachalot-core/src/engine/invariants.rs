@@ -32,53 +32,7 @@ impl<B: Backend> Inner<B> {
         self.check_events()?;
         self.check_pools()?;
         self.check_shards()?;
-        self.check_retiring()?;
         self.check_stats()
-    }
-
-    /// Moved pages: every retiring entry names a retiring block (once),
-    /// and every run its memory went to is in a page table and aliased to
-    /// that entry; nothing is spare between operations.
-    pub(crate) fn check_retiring(&self) -> Result<(), String> {
-        if !self.segments.spare.is_empty() {
-            return Err(format!(
-                "{} spare physical allocations between operations",
-                self.segments.spare.len()
-            ));
-        }
-        let mut seen = HashSet::new();
-        let mut moved = 0usize;
-        for r in &self.segments.retiring {
-            if !seen.insert(r.block) || self.blocks[r.block].state != BState::Retiring {
-                return Err(format!(
-                    "retiring entry of block {} is not its own",
-                    r.block
-                ));
-            }
-            for &at in &r.moved_to {
-                moved += 1;
-                if self.segments.aliased.get(&at) != Some(&r.block) {
-                    return Err(format!(
-                        "run at {at:#x} moved from block {} not aliased",
-                        r.block
-                    ));
-                }
-                let (_, e) = self.segments.expandable_at(at);
-                if !e.runs.contains_key(&(((at - e.start) / e.page) as usize)) {
-                    return Err(format!(
-                        "run at {at:#x} moved from block {} not mapped",
-                        r.block
-                    ));
-                }
-            }
-        }
-        if moved != self.segments.aliased.len() {
-            return Err(format!(
-                "{} aliased runs, {moved} moved",
-                self.segments.aliased.len()
-            ));
-        }
-        Ok(())
     }
 
     /// The shard parts: every block of a segment lives in the part of its
@@ -204,28 +158,7 @@ impl<B: Backend> Inner<B> {
             let unmapped = b.state == BState::Unmapped;
             let first = (b.addr - start) / e.page;
             let last = (b.addr + b.size - 1 - start) / e.page;
-            if b.state == BState::Retiring {
-                // its pages left the table; its old mappings are listed
-                if !(b.addr - start).is_multiple_of(e.page) || !b.size.is_multiple_of(e.page) {
-                    return Err(format!("retiring block {id} is not page-aligned"));
-                }
-                if e.mapped_in(first as usize, last as usize + 1) != 0 {
-                    return Err(format!("retiring block {id} has pages in the table"));
-                }
-                let Some(r) = self.segments.retiring.iter().find(|r| r.block == id) else {
-                    return Err(format!("retiring block {id} is not listed"));
-                };
-                let mut at = b.addr;
-                for &(a, n) in &r.maps {
-                    if a != at {
-                        return Err(format!("retiring block {id}: mappings do not tile it"));
-                    }
-                    at += n;
-                }
-                if at != b.addr + b.size || r.stream != b.stream {
-                    return Err(format!("retiring block {id}: mappings or stream disagree"));
-                }
-            } else if unmapped {
+            if unmapped {
                 if prev_unmapped {
                     return Err(format!("unmapped block {id} follows an unmapped block"));
                 }
@@ -273,10 +206,6 @@ impl<B: Backend> Inner<B> {
                     ));
                 } else if b.event_count != 0 || !b.stream_uses.is_empty() {
                     bad = Err(format!("unmapped block {id} has pending uses"));
-                }
-            } else if b.state == BState::Retiring {
-                if b.event_count != 0 || !b.stream_uses.is_empty() {
-                    bad = Err(format!("retiring block {id} has pending uses"));
                 }
             } else if b.state != BState::Free {
                 *out.entry((b.pool, b.small, b.stream)).or_default() += 1;
@@ -429,14 +358,6 @@ impl<B: Backend> Inner<B> {
             if seg.oversize {
                 expect.oversize_segments.increase(1);
             }
-        }
-        // memory of moved pages that their new mapping did not take, held
-        // until the old mapping goes
-        for r in &self.segments.retiring {
-            let held: u64 = r.held.iter().map(|h| h.0).sum();
-            expect
-                .reserved_bytes
-                .update(StatType::of_pool(r.small), held as i64);
         }
         self.for_each_block(|_, b| {
             let st = b.stat_type();

@@ -500,17 +500,6 @@ impl<B: Backend> CachingAllocator<B> {
         (g.lent, g.lent_waits)
     }
 
-    /// Blocks whose pages moved to another address of their stream
-    /// without a wait so far (cachalot's expandable mode,
-    /// `docs/design-expandable.md` "Pages that move without a wait"), and
-    /// the old mappings still waiting for their work. A testing and
-    /// reporting hook.
-    #[doc(hidden)]
-    pub fn retired_blocks(&self) -> (u64, usize) {
-        let g = self.lock();
-        (g.retired, g.segments.retiring.len())
-    }
-
     /// Makes the shards log from now on, as after two threads' fast
     /// operations met on the shared mirror. A testing hook: the logs and
     /// their flushes run on one thread, deterministically.

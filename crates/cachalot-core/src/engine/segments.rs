@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use crate::backend::{Backend, DevicePointer, VirtualMemory};
 use crate::engine::block::{BState, Block, BlockId, NIL};
 use crate::engine::history::TraceAction;
-use crate::engine::pools::{DEFAULT_POOL, PoolIdx};
+use crate::engine::pools::PoolIdx;
 use crate::engine::state::{Inner, Params};
 use crate::error::{BackendError, DeviceAllocError, Error};
 use crate::stats::StatType;
@@ -122,55 +122,10 @@ pub(crate) struct Segments<P, S> {
     created: u64,
     /// The expandable segments (`None`: a released slot).
     pub expandable: Vec<Option<Expandable<P, S>>>,
-    /// Physical pages just unmapped (or moved away from a retiring block)
-    /// by page recycling, for the mapping that follows in the same
-    /// operation (no release and create in between); empty between
-    /// operations.
-    pub spare: Vec<Spare<P>>,
-    /// Blocks whose pages moved without a wait ([`BState::Retiring`]):
-    /// their old mappings, unmapped once the work queued on them is done.
-    pub retiring: Vec<Retiring<P, S>>,
-    /// The runs (by address) whose physical memory a retiring block's old
-    /// mapping still maps too, and that block: such a run is not recycled
-    /// again before the old mapping is gone (a physical allocation is
-    /// released only once no mapping is left).
-    pub aliased: BTreeMap<u64, BlockId>,
-}
-
-/// Physical memory page recycling took for the mapping of this operation.
-pub(crate) struct Spare<P> {
-    /// Its size.
-    pub bytes: u64,
-    /// The physical allocation.
-    pub handle: P,
-    /// The retiring block whose old mapping still maps it (it moved
-    /// without a wait), if any.
-    pub alias: Option<BlockId>,
-}
-
-/// A block whose pages moved to another address of the same stream while
-/// work queued on that stream could still use them (cachalot's expandable
-/// mode, `Inner::retire_block`): the new mapping's work queues behind
-/// that work on the same stream, so the move needs no wait; only the old
-/// mapping must outlive the work, and is unmapped once a completion fence
-/// recorded after the block's free has completed.
-pub(crate) struct Retiring<P, S> {
-    /// The block (state [`BState::Retiring`]).
-    pub block: BlockId,
-    /// Its mappings, each unmapped whole: (address, bytes).
-    pub maps: Vec<(u64, u64)>,
-    /// The stream whose work may still use them.
-    pub stream: S,
-    /// The block's free stamp: done when the stream's fences pass it.
-    pub stamp: u64,
-    /// Small pool (the stat type of `held`).
-    pub small: bool,
-    /// Physical memory of the old mappings that the new mapping did not
-    /// take: released after the unmap, and counted reserved until then.
-    pub held: Vec<(u64, P)>,
-    /// Addresses of the runs its memory was mapped at anew
-    /// ([`Segments::aliased`]).
-    pub moved_to: Vec<u64>,
+    /// Physical pages just unmapped by page recycling, with their size,
+    /// for the mapping that follows in the same operation (no release and
+    /// create in between); empty between operations.
+    pub spare: Vec<(u64, P)>,
 }
 
 impl<P, S> Default for Segments<P, S> {
@@ -180,8 +135,6 @@ impl<P, S> Default for Segments<P, S> {
             created: 0,
             expandable: Vec::new(),
             spare: Vec::new(),
-            retiring: Vec::new(),
-            aliased: BTreeMap::new(),
         }
     }
 }
@@ -375,9 +328,6 @@ impl<B: Backend> Inner<B> {
         // memory-fraction check: recycled pages make room)
         let mut chain = None;
         if self.moves_memory(backend) {
-            // old mappings of moved pages whose work is done go first:
-            // their addresses may serve the chain
-            self.poll_retiring(backend, false);
             let (need, keep) = match self.recycling_chain(p) {
                 Some((start, need, keep)) => {
                     chain = Some(start);
@@ -385,7 +335,7 @@ impl<B: Backend> Inner<B> {
                 }
                 None => (p.size, 0..0),
             };
-            self.recycle_pages(backend, need, keep, p.stream);
+            self.recycle_pages(backend, need, keep);
         }
         if let Some(max) = self.limits.allowed_max
             && self.stats.reserved_bytes.all().current as u64 + size > max
@@ -451,20 +401,10 @@ impl<B: Backend> Inner<B> {
         let Some(vm) = backend.virtual_memory() else {
             return;
         };
-        for sp in std::mem::take(&mut self.segments.spare) {
-            if let Some(block) = sp.alias
-                && let Some(r) = self.segments.retiring.iter_mut().find(|r| r.block == block)
-            {
-                // its old mapping still maps it: released after the unmap,
-                // reserved until then
-                let st = StatType::of_pool(r.small);
-                r.held.push((sp.bytes, sp.handle));
-                self.stats.reserved_bytes.update(st, sp.bytes as i64);
-                continue;
-            }
-            if let Err(err) = vm.release_physical(sp.handle) {
+        for (bytes, h) in std::mem::take(&mut self.segments.spare) {
+            if let Err(err) = vm.release_physical(h) {
                 tracing::warn!(%err, "releasing a recycled page failed");
-                self.release_failures.record(sp.bytes, err);
+                self.release_failures.record(bytes, err);
             }
         }
     }
@@ -502,12 +442,6 @@ impl<B: Backend> Inner<B> {
     /// Releases every releasable free block of one block pool (going on
     /// past failures, which `release_failures` collects).
     pub(super) fn release_pool_segments(&mut self, backend: &B, pool: PoolIdx, small: bool) {
-        if pool == DEFAULT_POOL {
-            // old mappings of moved pages go first (their memory may be
-            // among what is released): after a wait where their work is
-            // still queued
-            self.poll_retiring(backend, true);
-        }
         let ids: Vec<BlockId> = match self.pools.try_pool_mut(pool, small) {
             Some(p) => p.free.iter().map(|e| e.id).collect(),
             None => return,
@@ -633,26 +567,13 @@ impl<B: Backend> Inner<B> {
         let end = (addr + size - start).div_ceil(page) as usize;
         let runs_of_many = self.recycles_pages();
         // (first page, pages, physical memory)
-        // (first page, pages, physical memory, from the spares: its alias)
-        type Made<P> = Vec<(usize, usize, P, Option<Option<BlockId>>)>;
-        let mut made: Made<Phys<B>> = Vec::new();
-        // a failure: new memory goes back to the device, recycled memory to
-        // the spares (released, or held by its retiring block, after)
-        let undo = |made: Made<Phys<B>>, mapped: usize, spare: &mut Vec<Spare<Phys<B>>>| {
-            for (k, (i, n, h, from)) in made.into_iter().enumerate() {
+        let mut made: Vec<(usize, usize, Phys<B>)> = Vec::new();
+        let undo = |made: Vec<(usize, usize, Phys<B>)>, mapped: usize| {
+            for (k, (i, n, h)) in made.into_iter().enumerate() {
                 if k < mapped {
                     let _ = vm.unmap(start + i as u64 * page, n as u64 * page);
                 }
-                match from {
-                    Some(alias) => spare.push(Spare {
-                        bytes: n as u64 * page,
-                        handle: h,
-                        alias,
-                    }),
-                    None => {
-                        let _ = vm.release_physical(h);
-                    }
-                }
+                let _ = vm.release_physical(h);
             }
         };
         let mut i = begin;
@@ -662,11 +583,11 @@ impl<B: Backend> Inner<B> {
                 .segments
                 .spare
                 .iter()
-                .rposition(|sp| sp.bytes <= left && sp.bytes.is_multiple_of(page))
+                .rposition(|(n, _)| *n <= left && n.is_multiple_of(page))
             {
-                let sp = self.segments.spare.swap_remove(k);
-                let n = (sp.bytes / page) as usize;
-                made.push((i, n, sp.handle, Some(sp.alias)));
+                let (n, h) = self.segments.spare.swap_remove(k);
+                let n = (n / page) as usize;
+                made.push((i, n, h));
                 i += n;
                 continue;
             }
@@ -676,9 +597,9 @@ impl<B: Backend> Inner<B> {
                 1
             };
             match vm.create_physical(n as u64 * page) {
-                Ok(h) => made.push((i, n, h, None)),
+                Ok(h) => made.push((i, n, h)),
                 Err(err) => {
-                    undo(made, 0, &mut self.segments.spare);
+                    undo(made, 0);
                     return match err {
                         DeviceAllocError::OutOfMemory => Ok(None),
                         DeviceAllocError::Backend(e) => Err(e.into()),
@@ -688,9 +609,9 @@ impl<B: Backend> Inner<B> {
             i += n;
         }
         for k in 0..made.len() {
-            let (i, n, ref h, _) = made[k];
+            let (i, n, ref h) = made[k];
             if let Err(err) = vm.map(start + i as u64 * page, n as u64 * page, h) {
-                undo(made, k, &mut self.segments.spare);
+                undo(made, k);
                 return Err(err.into());
             }
         }
@@ -698,28 +619,15 @@ impl<B: Backend> Inner<B> {
         let bytes = (end - begin) as u64 * page;
         if let Err(err) = vm.set_access(first, bytes, backend.device()) {
             let all = made.len();
-            undo(made, all, &mut self.segments.spare);
+            undo(made, all);
             return Err(err.into());
         }
-        let Segments {
-            expandable,
-            retiring,
-            aliased,
-            ..
-        } = &mut self.segments;
-        let e = expandable[index as usize]
+        let e = self.segments.expandable[index as usize]
             .as_mut()
             .expect("a live expandable segment");
-        for (i, n, h, from) in made {
+        for (i, n, h) in made {
             let old = e.runs.insert(i, (n, h));
             debug_assert!(old.is_none());
-            if let Some(Some(block)) = from
-                && let Some(r) = retiring.iter_mut().find(|r| r.block == block)
-            {
-                let at = start + i as u64 * page;
-                r.moved_to.push(at);
-                aliased.insert(at, block);
-            }
         }
         Ok(Some(bytes))
     }
@@ -783,11 +691,7 @@ impl<B: Backend> Inner<B> {
             let (_, h) = e.runs.remove(&i).expect("a mapped run");
             done = i + n;
             if keep {
-                self.segments.spare.push(Spare {
-                    bytes,
-                    handle: h,
-                    alias: None,
-                });
+                self.segments.spare.push((bytes, h));
                 continue;
             }
             if let Err(err) = vm.release_physical(h) {
@@ -832,19 +736,7 @@ impl<B: Backend> Inner<B> {
             }
         }
         let expandable = std::mem::take(&mut self.segments.expandable);
-        let retiring = std::mem::take(&mut self.segments.retiring);
-        self.segments.aliased.clear();
         if let Some(vm) = backend.virtual_memory() {
-            // the old mappings of moved pages first: a physical allocation
-            // is released once no mapping is left
-            for r in retiring {
-                for (at, bytes) in r.maps {
-                    keep(vm.unmap(at, bytes).map_err(Error::from));
-                }
-                for (_, h) in r.held {
-                    keep(vm.release_physical(h).map_err(Error::from));
-                }
-            }
             for e in expandable.into_iter().flatten() {
                 for (i, (n, h)) in e.runs {
                     keep(

@@ -92,7 +92,7 @@ impl<B: Backend> Inner<B> {
             let mut cur: Option<SegmentSnapshot> = None;
             for id in self.blocks.segment_blocks(seg.head) {
                 let b = &self.blocks[id];
-                if matches!(b.state, BState::Unmapped | BState::Retiring) {
+                if b.state == BState::Unmapped {
                     segments.extend(cur.take());
                     continue;
                 }

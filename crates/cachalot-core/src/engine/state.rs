@@ -141,9 +141,6 @@ pub(crate) struct Inner<B: Backend> {
     pub(super) lent: u64,
     /// Of those, the ones that made the borrowing stream wait for a fence.
     pub(super) lent_waits: u64,
-    /// Blocks whose pages moved without a wait so far
-    /// (`Self::retire_block`).
-    pub(super) retired: u64,
 }
 
 impl<B: Backend> Inner<B> {
@@ -175,7 +172,6 @@ impl<B: Backend> Inner<B> {
             recycling: Default::default(),
             lent: 0,
             lent_waits: 0,
-            retired: 0,
             config,
         }
     }
