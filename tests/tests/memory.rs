@@ -61,8 +61,9 @@ fn free_pages_of_one_stream_serve_another() {
             assert_eq!(held, 102 * MIB as i64);
             assert_eq!(reserved(&d), held, "{config}");
             assert_eq!(d.a.stats().reserved_bytes.all().peak, held, "{config}");
-            // fifty 2 MiB pages, mapped in runs of at most two
-            assert!((25..=26).contains(&unmapped), "{config}: {unmapped} unmaps");
+            // fifty 2 MiB pages: each 50 MiB block a large mapping, in
+            // runs of 12, 12 and 1 pages
+            assert_eq!(unmapped, 6, "{config}: {unmapped} unmaps");
             // their physical memory moves to the new mapping as it is
             assert_eq!(d.m.call_count(MockCall::CreatePhysical), creates);
             assert_eq!(d.m.call_count(MockCall::ReleasePhysical), releases);
@@ -749,7 +750,7 @@ fn calls_per_pass(trace: &Trace, passes: usize) -> (Dev, Vec<u64>, f64) {
 fn recycling_settles_on_repeating_traces() {
     for name in ["gpt2_train", "resnet50_train"] {
         let (d, per_pass, ratio) = calls_per_pass(&trace(name), 5);
-        assert!(per_pass[0] > 1000, "{name}: {per_pass:?}");
+        assert!(per_pass[0] > 500, "{name}: {per_pass:?}");
         assert_eq!(
             per_pass[2..],
             [0, 0, 0],
@@ -811,6 +812,50 @@ fn pages_map_in_runs_and_unmap_whole() {
         d.a.empty_cache().unwrap();
         assert_eq!(reserved(&d), 0, "{config}");
         assert_eq!(d.m.counters().unmap_refused, 0);
+        d.drop_without_vmm_leaks();
+    }
+}
+
+/// A large mapping (32 MiB or more) is made of runs of up to twelve pages
+/// in cachalot's mode: a 100 MiB request is five physical allocations and
+/// mappings (12, 12, 12, 12 and 2 pages) and one access call, where runs
+/// of two would be 25; a 20 MiB request keeps runs of two (five). Freed
+/// and recycled, the large runs move whole; nothing leaks. PyTorch's mode
+/// maps its 20 MiB pages one at a time.
+#[test]
+fn large_mappings_map_in_large_runs() {
+    for config in [CACHALOT, PYTORCH] {
+        let d = Dev::new(config);
+        let calls = [MockCall::CreatePhysical, MockCall::Map, MockCall::SetAccess];
+        let before = calls.map(|c| d.m.call_count(c));
+        let big = d.alloc(100 * MIB);
+        let after = calls.map(|c| d.m.call_count(c));
+        let made: Vec<u64> = (0..3).map(|k| after[k] - before[k]).collect();
+        assert_eq!(made, [5, 5, 1], "{config}: 100 MiB");
+        let small = d.alloc_on(20 * MIB, d.stream());
+        let again = calls.map(|c| d.m.call_count(c));
+        let made: Vec<u64> = (0..3).map(|k| again[k] - after[k]).collect();
+        let want = if config == CACHALOT {
+            [5, 5, 1]
+        } else {
+            [1, 1, 1]
+        };
+        assert_eq!(made, want, "{config}: 20 MiB");
+        // freed, the large runs serve a large request of another stream
+        d.free(big);
+        let other = d.alloc_on(96 * MIB, d.stream());
+        if config == CACHALOT {
+            assert_eq!(
+                d.m.call_count(MockCall::CreatePhysical),
+                again[0],
+                "{config}: the runs moved, no new memory"
+            );
+            assert_eq!(reserved(&d), 120 * MIB as i64, "{config}");
+        }
+        d.free(small);
+        d.free(other);
+        d.a.empty_cache().unwrap();
+        assert_eq!(reserved(&d), 0, "{config}");
         d.drop_without_vmm_leaks();
     }
 }
