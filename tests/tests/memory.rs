@@ -816,7 +816,7 @@ fn pages_map_in_runs_and_unmap_whole() {
     }
 }
 
-/// A large mapping (32 MiB or more) is made of runs of up to twelve pages
+/// A large mapping (48 MiB or more) is made of runs of up to twelve pages
 /// in cachalot's mode: a 100 MiB request is five physical allocations and
 /// mappings (12, 12, 12, 12 and 2 pages) and one access call, where runs
 /// of two would be 25; a 20 MiB request keeps runs of two (five). Freed

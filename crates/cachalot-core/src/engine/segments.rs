@@ -40,20 +40,23 @@ pub(crate) enum SegmentKind {
 /// 5,400 / 2,400 at 1.0624 / 1.0624 / 1.0759 / 1.1070.
 pub(crate) const MAX_RUN: usize = 2;
 
-/// A mapping of at least this many pages (32 MiB) in cachalot's
+/// A mapping of at least this many pages (48 MiB) in cachalot's
 /// expandable mode is made of runs of up to [`LARGE_RUN`] pages instead of
 /// [`MAX_RUN`]: the driver's calls cost about the same for 24 MiB as for
 /// 4 MiB, and a large block is mostly freed, and recycled, whole, so large
 /// runs strand few pages; small mappings keep runs of two. Measured on the
-/// mock (`docs/design-expandable.md`, "Large mappings in large runs"):
-/// VMM calls of the first pass -40% to -60% on every recorded and
-/// synthetic trace, churn_1stream's later passes -43%, peak reserved /
-/// live peak within +0.009 of runs of two (gpt2_train 1.0190, churn
-/// traces 1.071); runs of 32 or 64 pages pass 1.09-1.10 on the churn
-/// traces, a threshold of 8 pages takes side_stream_pipeline to 1.26.
-pub(crate) const LARGE_MAPPING: usize = 16;
+/// mock (`docs/design-expandable.md`, "Large mappings in large runs"),
+/// VMM calls of the first pass: gpt2_train 4,626 -> 1,872,
+/// resnet50_train 1,755 -> 1,061, churn_1stream 16,122 -> 12,590,
+/// churn_4streams 33,248 -> 28,544; peak reserved / live peak unchanged
+/// but for gpt2_train 1.0165 -> 1.0190 and churn_4streams 1.0624 -> 1.0748.
+/// From 32 MiB (16 pages) the churn traces save more calls but
+/// churn_4streams reaches 1.097, against the 1.10 bound; from 16 MiB (8
+/// pages) side_stream_pipeline reaches 1.26.
+pub(crate) const LARGE_MAPPING: usize = 24;
 
-/// The most pages one run of a large mapping holds (24 MiB).
+/// The most pages one run of a large mapping holds (24 MiB): runs of 16
+/// pages or more take the churn traces past 1.08.
 pub(crate) const LARGE_RUN: usize = 12;
 
 /// The physical-memory handle type of a backend.
