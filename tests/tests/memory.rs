@@ -650,9 +650,11 @@ fn replay_lagging(t: &Trace, passes: usize, config: &str, lag: u64) -> (i64, u64
 /// recycling looks): cachalot's mode still reserves no more than PyTorch's
 /// expandable mode on the same device, with a bounded number of waits, and
 /// no unmap is ever refused. Figures (lag 20, two passes, mock):
-/// gpt2_train 7,482 MiB with 9 waits, resnet50_train 3,022 with none,
-/// side_stream_pipeline 72 with 66 (a page move without a wait, tried in
-/// session 15, made them 7,524 / 3,022 / 86 MiB: design-expandable.md).
+/// gpt2_train 7,566 MiB with 9 waits (7,482 before large mappings took
+/// large runs), resnet50_train 3,022 with none, side_stream_pipeline 72
+/// with 66, against PyTorch's mode's 7,948 / 3,036 / 102 (a page move
+/// without a wait, tried in session 15 before the large runs, made them
+/// 7,524 / 3,022 / 86 MiB: design-expandable.md).
 #[test]
 fn recorded_traces_on_a_lagging_device() {
     for (name, max_syncs) in [
