@@ -39,6 +39,10 @@ pub fn all<H: Harness>() -> Vec<Check<H>> {
             expandable_lends_behind_a_fence::<H>,
         ),
         (
+            "expandable_ghosts_carry_data",
+            expandable_ghosts_carry_data::<H>,
+        ),
+        (
             "expandable_record_stream_keeps_pages",
             expandable_record_stream_keeps_pages::<H>,
         ),
@@ -172,6 +176,48 @@ pub fn expandable_pages_move_between_streams<H: Harness>(h: &H) {
     expect_bytes(h, b, live, 2 * MIB, 0x55, format_args!("block {live:#x}"));
     a.free(q).expect("free");
     a.free(live).expect("free");
+    check(&a);
+    drop(side);
+}
+
+/// cachalot's expandable mode, ghost mappings: memory that page recycling
+/// moves to another stream stays mapped at its old place too (one physical
+/// allocation mapped at two addresses, which the driver must accept: no
+/// ghost would be left otherwise), and comes back there with no driver
+/// call. The data written at each place reads back, the block that stays
+/// live is intact throughout, and `empty_cache` unmaps every ghost.
+pub fn expandable_ghosts_carry_data<H: Harness>(h: &H) {
+    let Some(a) = expandable(h, "expandable_segments:True") else {
+        return;
+    };
+    let b = a.backend();
+    let s0 = b.default_stream();
+    let side = h.new_stream(b);
+    let s1 = h.handle(&side);
+    let x = a.allocate(50 * MIB, s0).expect("alloc");
+    let live = a.allocate(2 * MIB, s0).expect("alloc");
+    let y = a.allocate(50 * MIB, s0).expect("alloc");
+    fill_and_check(h, b, x, 50 * MIB, 0x11, s0);
+    fill_and_check(h, b, live, 2 * MIB, 0x12, s0);
+    a.free(x).expect("free");
+    a.free(y).expect("free");
+    // more than x or y holds, so neither is lent: their pages move
+    let z = a
+        .allocate(100 * MIB, s1)
+        .expect("alloc on the other stream");
+    assert!(a.ghost_mappings() > 0, "the old mappings stay as ghosts");
+    fill_and_check(h, b, z, 100 * MIB, 0x22, s1);
+    a.free(z).expect("free");
+    h.release(b, s1);
+    let x2 = a.allocate(50 * MIB, s0).expect("alloc again");
+    assert_eq!(x2, x, "the lowest chain, where the ghosts are");
+    fill_and_check(h, b, x2, 50 * MIB, 0x33, s0);
+    expect_bytes(h, b, live, 2 * MIB, 0x12, format_args!("block {live:#x}"));
+    a.free(x2).expect("free");
+    a.free(live).expect("free");
+    a.empty_cache().expect("empty_cache");
+    assert_eq!(a.ghost_mappings(), 0, "empty_cache unmaps every ghost");
+    assert_eq!(a.stats().reserved_bytes.all().current, 0);
     check(&a);
     drop(side);
 }

@@ -62,9 +62,11 @@ fn free_pages_of_one_stream_serve_another() {
             assert_eq!(reserved(&d), held, "{config}");
             assert_eq!(d.a.stats().reserved_bytes.all().peak, held, "{config}");
             // fifty 2 MiB pages: each 50 MiB block a large mapping, in
-            // runs of 12, 12 and 1 pages
-            assert_eq!(unmapped, 6, "{config}: {unmapped} unmaps");
-            // their physical memory moves to the new mapping as it is
+            // runs of 12, 12 and 1 pages; their old mappings stay as
+            // ghosts (no unmap), and their physical memory moves to the new
+            // mapping as it is
+            assert_eq!(unmapped, 0, "{config}: {unmapped} unmaps");
+            assert_eq!(d.a.ghost_mappings(), 6, "{config}");
             assert_eq!(d.m.call_count(MockCall::CreatePhysical), creates);
             assert_eq!(d.m.call_count(MockCall::ReleasePhysical), releases);
             assert_eq!(d.a.lent_blocks(), (0, 0), "no block lent");
@@ -76,6 +78,72 @@ fn free_pages_of_one_stream_serve_another() {
         d.free(sep);
         d.drop_without_vmm_leaks();
     }
+}
+
+/// Ghost mappings (`docs/design-expandable.md`): memory that page
+/// recycling moved to another stream stays mapped at its old place, so
+/// when it moves back (the second allocation below) no driver call is
+/// made: no creation, no mapping, no unmap, no access set; the data
+/// written through the returned memory is there. `empty_cache` then
+/// unmaps every ghost with the pages, and nothing is left on the device.
+#[test]
+fn ghost_mappings_bring_memory_back_without_a_driver_call() {
+    let d = Dev::new(CACHALOT);
+    let s1 = d.stream();
+    let a = d.alloc(50 * MIB);
+    let sep = d.alloc(2 * MIB);
+    let c = d.alloc(50 * MIB);
+    d.free(a);
+    d.free(c);
+    let b = d.alloc_on(100 * MIB, s1); // a's and c's memory moves to s1
+    assert_eq!(d.a.ghost_mappings(), 6);
+    d.m.use_memory(s1, b, 100 * MIB, 1).unwrap();
+    d.free(b);
+    let calls = vmm_calls(&d.m);
+    let a2 = d.alloc(50 * MIB); // past the peak: s1's pages move back
+    assert_eq!(a2, a, "the lowest chain");
+    assert_eq!(vmm_calls(&d.m), calls, "no driver call");
+    assert_eq!(reserved(&d), 102 * MIB as i64, "the peak did not move");
+    d.m.use_memory(d.s0(), a2, 50 * MIB, 2).unwrap();
+    assert_eq!(d.m.tag_at(a2 + 50 * MIB - 1), Some(2));
+    assert_eq!(d.m.invalid_access_count(), 0);
+    assert_eq!(d.m.race_count(), 0);
+    d.free(a2);
+    d.free(sep);
+    d.a.empty_cache().unwrap();
+    assert_eq!(d.a.ghost_mappings(), 0);
+    assert!(d.m.vmm_usage().is_empty(), "{:?}", d.m.vmm_usage());
+    d.drop_without_vmm_leaks();
+}
+
+/// A driver that refuses to map physical memory that is still mapped
+/// elsewhere (a ghost) does not fail the allocation: the memory's ghost is
+/// unmapped, the mapping is made again, and no ghost is made from then on.
+#[test]
+fn a_refused_second_mapping_turns_ghosts_off() {
+    let d = Dev::new(CACHALOT);
+    let s1 = d.stream();
+    let a = d.alloc(50 * MIB);
+    let sep = d.alloc(2 * MIB);
+    let c = d.alloc(50 * MIB);
+    d.free(a);
+    d.free(c);
+    let unmaps = d.m.call_count(MockCall::Unmap);
+    d.m.fail_call_at(MockCall::Map, 1); // the next one
+    let b = d.alloc_on(100 * MIB, s1);
+    assert_eq!(
+        d.m.call_count(MockCall::Unmap),
+        unmaps + 1,
+        "one ghost went"
+    );
+    assert_eq!(d.a.ghost_mappings(), 5);
+    d.free(b);
+    let x = d.alloc(60 * MIB); // moves memory again: no new ghost
+    assert!(d.a.ghost_mappings() <= 5);
+    for p in [x, sep] {
+        d.free(p);
+    }
+    d.drop_without_vmm_leaks();
 }
 
 /// Cross-stream lending: a free block of another stream whose work is
@@ -235,7 +303,7 @@ fn recycling_takes_a_busy_streams_pages_whose_uses_are_over() {
     free_on_shard(&d, c);
     d.m.complete_n(d.s0(), 1).unwrap(); // a's use and the fence done; c's pending
     let syncs = d.m.call_count(MockCall::SynchronizeEvent);
-    let unmaps = d.m.call_count(MockCall::Unmap);
+    let moved = moved_runs(&d.m);
     // (larger than a and c, so neither is lent: pages move)
     let b = d.alloc_on(42 * MIB, s1);
     assert_eq!(
@@ -243,7 +311,7 @@ fn recycling_takes_a_busy_streams_pages_whose_uses_are_over() {
         syncs,
         "no stream waited for"
     );
-    assert!(d.m.call_count(MockCall::Unmap) > unmaps, "a's pages moved");
+    assert!(moved_runs(&d.m) > moved, "a's pages moved");
     assert_eq!(d.m.pending(d.s0()).unwrap(), 1, "c's use still pending");
     assert_eq!(reserved(&d), 94 * MIB as i64, "c's pages stayed, a's moved");
     assert_eq!(d.m.invalid_access_count(), 0);
@@ -536,12 +604,12 @@ fn recycling_only_past_the_peak() {
     d.free(a);
     d.a.empty_cache().unwrap();
     assert_eq!(reserved(&d), 0);
-    let unmaps = d.m.call_count(MockCall::Unmap);
+    let moved = moved_runs(&d.m);
     let b = d.alloc_on(20 * MIB, s1); // 20 MiB ≤ the 60 MiB peak
     d.free(b);
-    assert_eq!(d.m.call_count(MockCall::Unmap), unmaps, "below the peak");
+    assert_eq!(moved_runs(&d.m), moved, "below the peak");
     let c = d.alloc(60 * MIB); // 20 + 60 > 60: s1's free pages recycled
-    assert!(d.m.call_count(MockCall::Unmap) > unmaps);
+    assert!(moved_runs(&d.m) > moved);
     assert_eq!(d.a.stats().reserved_bytes.all().peak, 60 * MIB as i64);
     d.free(c);
 }
@@ -579,7 +647,10 @@ fn trace(name: &str) -> Trace {
 
 /// On every recorded trace, cachalot's mode reserves no more at its peak
 /// than PyTorch's expandable mode, and beats it where streams or
-/// fragmentation leave free pages (side_stream_pipeline by over 25%).
+/// fragmentation leave free pages (side_stream_pipeline by over 20%: 1.1996
+/// of its live peak against 1.5687, where it settles with no device call
+/// after its first pass; 1.1073 while its pages crept up the reservation,
+/// moved by about 350 driver calls a pass, before session 16).
 #[test]
 fn recorded_traces_reserve_no_more_than_pytorch_expandable() {
     for name in ["gpt2_train", "resnet50_train", "side_stream_pipeline"] {
@@ -594,7 +665,7 @@ fn recorded_traces_reserve_no_more_than_pytorch_expandable() {
         );
         if name == "side_stream_pipeline" {
             assert!(
-                (ours.peak_reserved as f64) < 0.75 * theirs.peak_reserved as f64,
+                (ours.peak_reserved as f64) < 0.80 * theirs.peak_reserved as f64,
                 "{name}: {} vs {}",
                 ours.peak_reserved,
                 theirs.peak_reserved
@@ -649,10 +720,13 @@ fn replay_lagging(t: &Trace, passes: usize, config: &str, lag: u64) -> (i64, u64
 /// run on an idle device, where every free page is done by the time
 /// recycling looks): cachalot's mode still reserves no more than PyTorch's
 /// expandable mode on the same device, with a bounded number of waits, and
-/// no unmap is ever refused. Figures (lag 20, two passes, mock):
-/// gpt2_train 7,566 MiB with 9 waits (7,482 before large mappings took
-/// large runs), resnet50_train 3,022 with none, side_stream_pipeline 72
-/// with 66, against PyTorch's mode's 7,948 / 3,036 / 102 (a page move
+/// no unmap is ever refused, nor any race found (by address or, for ghost
+/// mappings, by physical memory). Figures (lag 20, two passes, mock):
+/// gpt2_train 7,554 MiB with 9 waits (7,566 before the ghost mappings and
+/// the lowest chain, 7,482 before large mappings took large runs),
+/// resnet50_train 3,022 with none, side_stream_pipeline 76 with 55 (72
+/// with 66 before the ghost mappings), against PyTorch's mode's 7,948 /
+/// 3,036 / 102 (a page move
 /// without a wait, tried in session 15 before the large runs, made them
 /// 7,524 / 3,022 / 86 MiB: design-expandable.md).
 #[test]
@@ -705,6 +779,12 @@ fn oom_report_counts_free_expandable_pages_as_releasable() {
     }
 }
 
+/// Runs mapped again from memory that existed before (page recycling
+/// moving memory with a driver call) so far: mappings less creations.
+fn moved_runs(m: &cachalot_mock::MockBackend) -> u64 {
+    m.call_count(MockCall::Map) - m.call_count(MockCall::CreatePhysical)
+}
+
 /// Device calls of the virtual-memory kinds (and plain segments) so far.
 fn vmm_calls(m: &cachalot_mock::MockBackend) -> u64 {
     [
@@ -728,7 +808,10 @@ fn calls_per_pass(trace: &Trace, passes: usize) -> (Dev, Vec<u64>, f64) {
     use cachalot_core::Backend;
     use cachalot_core::replay::replay_pass;
     let d = Dev::new(CACHALOT);
-    let streams = vec![d.m.default_stream()];
+    let mut streams = vec![d.m.default_stream()];
+    for _ in 1..trace.num_streams {
+        streams.push(d.stream());
+    }
     let mut ptr = vec![0u64; trace.num_ids];
     let mut per_pass = Vec::new();
     for _ in 0..passes {
@@ -742,23 +825,31 @@ fn calls_per_pass(trace: &Trace, passes: usize) -> (Dev, Vec<u64>, f64) {
 }
 
 /// A repeating workload settles: in cachalot's expandable mode the
-/// request's chain is chosen before pages recycle (the one with the least
-/// left to map) and reserved memory may pass the allocated peak by 2%
-/// (more, up to 6.25%, only while pages keep moving)
-/// without moving pages, so the real training traces make no device call
-/// after their second pass (before: about 1,600 calls per pass on gpt2 and
-/// 400 on resnet50), at a peak within 2.5% of the live peak.
+/// request's chain is chosen before pages recycle (the lowest that fits)
+/// and reserved memory may pass the allocated peak by 2% (more, up to
+/// 6.25%, only while pages keep moving) without moving pages, so the real
+/// training traces make no device call from their fourth pass (before
+/// session 8: about 1,600 calls per pass on gpt2 and 400 on resnet50), at a
+/// peak within 2.5% of the live peak. side_stream_pipeline (two streams
+/// taking turns) still moves pages in every pass, but between the same
+/// places, through ghost mappings: no device call from its second pass
+/// (before session 16: about 350 a pass, the mapped range creeping up the
+/// reservation), at 1.1996 of its live peak, below RMM's smallest pool
+/// (1.249).
 #[test]
 fn recycling_settles_on_repeating_traces() {
-    for name in ["gpt2_train", "resnet50_train"] {
+    for (name, settled, bound) in [
+        ("gpt2_train", 3, 1.025),
+        ("resnet50_train", 1, 1.025),
+        ("side_stream_pipeline", 1, 1.249),
+    ] {
         let (d, per_pass, ratio) = calls_per_pass(&trace(name), 5);
-        assert!(per_pass[0] > 500, "{name}: {per_pass:?}");
-        assert_eq!(
-            per_pass[2..],
-            [0, 0, 0],
+        assert!(per_pass[0] > 100, "{name}: {per_pass:?}");
+        assert!(
+            per_pass[settled..].iter().all(|&c| c == 0),
             "{name}: calls per pass {per_pass:?}"
         );
-        assert!(ratio < 1.025, "{name}: peak reserved / live peak {ratio}");
+        assert!(ratio < bound, "{name}: peak reserved / live peak {ratio}");
         d.a.check_invariants().expect("invariants");
     }
 }

@@ -370,6 +370,38 @@ impl State {
                     if m.access {
                         let (id, off) = (m.phys, p.lo - start);
                         if let Some(ph) = self.vmm.physical.get_mut(&id) {
+                            if self.race_checking {
+                                let clock = &self.streams[i].clock;
+                                for (a, &(pa, sa, tag)) in ph.last_use.iter().enumerate() {
+                                    let pending = pa > 0
+                                        && self.streams.get(a).is_some_and(|s| s.completed < pa);
+                                    let ordered = clock.get(a).copied().unwrap_or(0) >= pa;
+                                    if a != i && sa != start && tag != u.tag && pending && !ordered
+                                    {
+                                        let at =
+                                            |s: usize, seq: u64, tag: u64, addr: u64| UseSite {
+                                                stream: MockStream(s as u32),
+                                                at: Submitted::Work {
+                                                    stream: MockStream(s as u32),
+                                                    seq,
+                                                },
+                                                tag,
+                                                addr,
+                                                len: p.hi - p.lo,
+                                            };
+                                        self.races.push(Race {
+                                            earlier: at(a, pa, tag, sa + off),
+                                            later: at(i, pos, u.tag, p.lo),
+                                            overlap: (p.lo, p.hi),
+                                            capture_id: None,
+                                        });
+                                    }
+                                }
+                                if ph.last_use.len() <= i {
+                                    ph.last_use.resize(i + 1, (0, 0, 0));
+                                }
+                                ph.last_use[i] = (pos, start, u.tag);
+                            }
                             ph.data.write(off, off + (p.hi - p.lo), u.tag);
                         }
                         None
@@ -538,6 +570,7 @@ impl State {
                 size,
                 maps: 0,
                 data: TagMap::default(),
+                last_use: Vec::new(),
             },
         );
         self.vmm.physical_bytes += size;

@@ -117,6 +117,12 @@ pub(crate) struct Phys {
     pub maps: usize,
     /// What eager work last wrote where, by offset in the allocation.
     pub data: TagMap,
+    /// By stream index, the last eager use of this memory: (work position,
+    /// 0 for none; the mapping it went through; its tag). Memory mapped at
+    /// two places at once (an allocator's ghost mappings) is checked for
+    /// races here: a use through one mapping while another stream's use
+    /// through another is pending and not ordered before it.
+    pub last_use: Vec<(u64, u64, u64)>,
 }
 
 /// A run of `[lo, hi)` in a reservation: mapped (by the mapping starting

@@ -1015,7 +1015,16 @@ fn fit_finds_the_smallest_device_per_policy() {
         let smallest = r["smallest_device"].as_u64().unwrap();
         let reserved = r["peak_reserved"].as_u64().unwrap();
         let live = r["peak_live"].as_u64().unwrap();
-        assert!(live <= smallest && smallest <= reserved, "{r}");
+        // cachalot's expandable mode may need one run more than its
+        // unconstrained peak on a device cut to that peak (gpt2_train:
+        // 2 MiB since session 16's lowest chain, free pages stranded by
+        // runs that straddle live blocks when the ladder empties the cache)
+        let slack = if r["policy"] == "cachalot-expandable" {
+            2 << 20
+        } else {
+            0
+        };
+        assert!(live <= smallest && smallest <= reserved + slack, "{r}");
         assert_eq!(smallest % (2 << 20), 0, "{r}");
         let config = r["config"].as_str().unwrap();
         let fits_at = |bytes: u64| {

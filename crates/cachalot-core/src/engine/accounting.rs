@@ -40,19 +40,22 @@ impl DeviceStats {
         }
     }
 
-    /// Pages of an expandable segment mapped (one map call): `segment` is
-    /// unchanged.
+    /// Pages of an expandable segment mapped: `segment` is unchanged;
+    /// `calls` when the driver was called (one device allocation), not
+    /// when every page was a ghost mapping taken back.
     #[inline]
-    pub(crate) fn on_map(&mut self, st: StatType, bytes: u64) {
+    pub(crate) fn on_map(&mut self, st: StatType, bytes: u64, calls: bool) {
         self.reserved_bytes.update(st, bytes as i64);
-        self.num_device_alloc += 1;
+        self.num_device_alloc += i64::from(calls);
     }
 
-    /// Pages of an expandable segment unmapped (one unmap call).
+    /// Pages of an expandable segment unmapped: `calls` when the driver
+    /// was called (one device free), not when every run stayed mapped as a
+    /// ghost.
     #[inline]
-    pub(crate) fn on_unmap(&mut self, st: StatType, bytes: u64) {
+    pub(crate) fn on_unmap(&mut self, st: StatType, bytes: u64, calls: bool) {
         self.reserved_bytes.update(st, -(bytes as i64));
-        self.num_device_free += 1;
+        self.num_device_free += i64::from(calls);
     }
 }
 

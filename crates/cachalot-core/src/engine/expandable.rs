@@ -132,7 +132,10 @@ impl<B: Backend> Inner<B> {
     /// first (no wait). Pages of private pools (graphs) and the blocks at
     /// `keep` (the request's chain and its neighbours,
     /// [`Self::recycling_chain`]) are never taken, so the chain stays as it
-    /// was.
+    /// was. Runs whose memory has a ghost mapping where the request maps
+    /// (`target`: the chain's first address and the request's size) go
+    /// before any other, when their work is done: that memory moves back
+    /// with no driver call ([`Self::ghost_sources`]).
     ///
     /// The cap is the larger of the reserved peak (recycling never lets
     /// reserved memory pass its old peak if free pages can make room) and
@@ -141,7 +144,42 @@ impl<B: Backend> Inner<B> {
     /// repeating workload settles on a mapping it keeps (no device calls
     /// once its first passes are done) instead of moving the same pages
     /// every pass.
-    pub(super) fn recycle_pages(&mut self, backend: &B, need: u64, keep: Range<u64>) {
+    pub(super) fn recycle_pages(
+        &mut self,
+        backend: &B,
+        need: u64,
+        keep: Range<u64>,
+        target: Option<(u64, u64)>,
+    ) {
+        let clock = self.events.clock();
+        let mut done: Vec<(B::Stream, u64)> = Vec::new();
+        // Ghosts first, below the cap too: memory that a ghost maps where
+        // the request maps moves back with no driver call (and no new
+        // memory) when its run is free and done where it is now. Such moves
+        // cost nothing, so they do not raise the allowance.
+        if let Some((at, bytes)) = target {
+            for (addr, len) in self.ghost_sources(at, bytes, &keep) {
+                let Some(id) = self.block_containing(addr) else {
+                    continue;
+                };
+                if !self.unmappable(id) {
+                    continue;
+                }
+                let stream = self.segments.expandable_at(addr).1.stream;
+                let own = self.blocks[id].stream;
+                let ok = self.done_on(backend, &mut done, own) >= self.blocks.freed_at(id)
+                    && (own == stream || self.done_on(backend, &mut done, stream) == clock);
+                if ok {
+                    self.unmap_block_with(
+                        backend,
+                        id,
+                        Some((addr, len)),
+                        UnmapSync::Recycle,
+                        false,
+                    );
+                }
+            }
+        }
         let r = self.stats.reserved_bytes.all();
         let (current, peak) = (r.current.max(0) as u64, r.peak.max(0) as u64);
         let live = self.stats.allocated_bytes.all().peak.max(0) as u64;
@@ -175,8 +213,6 @@ impl<B: Backend> Inner<B> {
         // `HARD_SLACK_MAX`), pages of busy streams, after one
         // synchronization each; below it the segment grows instead: a stall
         // of the pipeline costs more than a few pages.
-        let clock = self.events.clock();
-        let mut done: Vec<(B::Stream, u64)> = Vec::new();
         for busy_pass in [false, true] {
             for &(_, _, id) in &cands {
                 if want == 0 {
@@ -215,11 +251,55 @@ impl<B: Backend> Inner<B> {
                     }
                 }
                 // the range stays reserved: the stream maps into it again soon
-                let got = self.unmap_block_with(backend, id, UnmapSync::Recycle, false);
+                let got = self.unmap_block_with(backend, id, None, UnmapSync::Recycle, false);
                 want = want.saturating_sub(got);
                 self.recycling.moved(got, live);
             }
         }
+    }
+
+    /// The runs whose physical memory has a ghost mapping among the pages
+    /// that a request of `bytes` at `at` would map, and that page recycling
+    /// may take where they are mapped now (in a free, unmappable block of a
+    /// default pool, outside `keep`): (address, bytes) of each run.
+    fn ghost_sources(&self, at: u64, bytes: u64, keep: &Range<u64>) -> Vec<(u64, u64)> {
+        let (_, e) = self.segments.expandable_at(at);
+        let lo = ((at - e.start) / e.page) as usize;
+        let hi = (at + bytes - e.start).div_ceil(e.page) as usize;
+        let mut out = Vec::new();
+        for (g, n, pid) in e.ghosts_in(lo, hi) {
+            if g < lo || g + n > hi {
+                continue;
+            }
+            let Some(&(index, first)) = self.segments.homes.get(&pid) else {
+                continue;
+            };
+            let Some(home) = self.segments.expandable[index as usize].as_ref() else {
+                continue;
+            };
+            let Some(&(pages, _, _)) = home.runs.get(&first) else {
+                continue;
+            };
+            let (addr, len) = (
+                home.start + first as u64 * home.page,
+                pages as u64 * home.page,
+            );
+            debug_assert_eq!(len, n as u64 * e.page);
+            let Some(id) = self.block_containing(addr) else {
+                continue;
+            };
+            let b = &self.blocks[id];
+            if self.unmappable(id)
+                && !out.contains(&(addr, len))
+                && b.pool == DEFAULT_POOL
+                && !keep.contains(&b.addr)
+                && b.addr <= addr
+                && addr + len <= b.addr + b.size
+            {
+                out.push((addr, len));
+            }
+        }
+        out
     }
 
     /// Cross-stream lending (cachalot's expandable mode, outside capture):
@@ -372,31 +452,33 @@ impl<B: Backend> Inner<B> {
     }
 
     /// The chain request `p` maps into when pages recycle: of the stream's
-    /// chains ([`Self::chain_at`]), the one with the fewest bytes left to
-    /// map (the lowest address among equals). Returns its first block, the
-    /// bytes to map, and the addresses [`Self::recycle_pages`] must leave
-    /// alone: the chain's blocks and the neighbours on either side (an
-    /// unmap merging into one of them would change the chain). `None`: no
-    /// chain fits (a new segment serves it).
+    /// chains ([`Self::chain_at`]), the lowest (as PyTorch's
+    /// `find_expandable_block`), so the mapped pages gather at the bottom
+    /// of each segment and a repeating workload moves the same pages
+    /// between the same places, which ghost mappings make free
+    /// (`docs/design-expandable.md`, "Ghost mappings"). The chain with the
+    /// fewest bytes left to map (before session 16) made the mapped range of
+    /// side_stream_pipeline creep up its reservation, a step at a time, for
+    /// good. Returns its first block, the bytes to map, and the addresses
+    /// [`Self::recycle_pages`] must leave alone: the chain's blocks and the
+    /// neighbours on either side (an unmap merging into one of them would
+    /// change the chain). `None`: no chain fits (a new segment serves it).
     pub(super) fn recycling_chain(
         &self,
         p: &Params<B::Stream>,
     ) -> Option<(BlockId, u64, Range<u64>)> {
         let pool = self.pools.pool(p.pool, p.small);
-        let mut best: Option<Chain> = None;
-        for (_, &c) in pool.unmapped.range((p.stream, 0)..=(p.stream, u64::MAX)) {
-            let Some(chain) = self.chain_at(c, p) else {
-                continue;
-            };
-            if best.as_ref().is_none_or(|b| chain.unmapped < b.unmapped) {
-                let done = chain.unmapped == 0;
-                best = Some(chain);
-                if done {
-                    break;
-                }
-            }
-        }
-        let chain = best?;
+        let chain = pool
+            .unmapped
+            .range((p.stream, 0)..=(p.stream, u64::MAX))
+            .find_map(|(_, &c)| self.chain_at(c, p))?;
+        let keep = self.chain_keep(&chain);
+        Some((chain.start, chain.unmapped, keep))
+    }
+
+    /// The addresses of `chain`'s blocks and of the neighbours on either
+    /// side.
+    fn chain_keep(&self, chain: &Chain) -> Range<u64> {
         let (first, last) = (&self.blocks[chain.start], &self.blocks[chain.last]);
         let lo = match first.prev {
             NIL => first.addr,
@@ -406,7 +488,7 @@ impl<B: Backend> Inner<B> {
             NIL => last.addr + last.size,
             next => self.blocks[next].addr + self.blocks[next].size,
         };
-        Some((chain.start, chain.unmapped, lo..hi))
+        lo..hi
     }
 
     /// Whether block `id` is a free block of an expandable segment with no
@@ -515,7 +597,7 @@ impl<B: Backend> Inner<B> {
             debug_assert!(b.state == BState::Unmapped && size <= b.size && size > 0);
             (b.addr, b.size, b.stream, b.pool, b.small)
         };
-        let Some(mapped) = self.map_pages(backend, addr, size)? else {
+        let Some((mapped, calls)) = self.map_pages(backend, addr, size)? else {
             return Ok(None);
         };
         debug_assert!(mapped >= size && mapped <= bsize);
@@ -535,7 +617,7 @@ impl<B: Backend> Inner<B> {
         let id = self.merge_free_neighbours(id);
         self.insert_free(id);
         self.stats
-            .on_map(crate::stats::StatType::of_pool(small), mapped);
+            .on_map(crate::stats::StatType::of_pool(small), mapped, calls);
         self.trace(TraceAction::SegmentMap, addr, mapped, stream);
         Ok(Some(id))
     }
@@ -575,16 +657,18 @@ impl<B: Backend> Inner<B> {
         } else {
             UnmapSync::Stream
         };
-        self.unmap_block_with(backend, id, sync, true);
+        self.unmap_block_with(backend, id, None, sync, true);
     }
 
-    /// [`Self::unmap_block`] with the synchronization given, unreserving a
-    /// segment left wholly unmapped when `unreserve`; returns the bytes
-    /// unmapped.
+    /// [`Self::unmap_block`] with the synchronization given, of the whole
+    /// pages of `range` (a part of the block) or of the whole block,
+    /// unreserving a segment left wholly unmapped when `unreserve`; returns
+    /// the bytes unmapped.
     fn unmap_block_with(
         &mut self,
         backend: &B,
         id: BlockId,
+        range: Option<(u64, u64)>,
         sync: UnmapSync,
         unreserve: bool,
     ) -> u64 {
@@ -593,9 +677,11 @@ impl<B: Backend> Inner<B> {
             debug_assert!(b.state == BState::Free && b.expandable);
             (b.addr, b.size, b.stream, b.pool, b.small)
         };
-        let Some((ustart, usize_)) = self.unmap_pages(backend, addr, size, sync) else {
+        let (addr, size) = range.unwrap_or((addr, size));
+        let Some((ustart, usize_, calls)) = self.unmap_pages(backend, addr, size, sync) else {
             return 0;
         };
+        let addr = self.blocks[id].addr;
         self.remove_free(id);
         let mut id = id;
         if ustart > addr {
@@ -633,7 +719,7 @@ impl<B: Backend> Inner<B> {
             .unmapped
             .insert((seg_stream, baddr), id);
         self.stats
-            .on_unmap(crate::stats::StatType::of_pool(small), usize_);
+            .on_unmap(crate::stats::StatType::of_pool(small), usize_, calls);
         self.trace(TraceAction::SegmentUnmap, ustart, usize_, stream);
         if whole && unreserve {
             self.release_expandable_segment(backend, id);

@@ -19,7 +19,7 @@ use std::collections::{HashMap, HashSet};
 use crate::backend::Backend;
 use crate::engine::block::{BState, Block, BlockId, NIL};
 use crate::engine::pools::PoolIdx;
-use crate::engine::segments::{Segment, SegmentKind};
+use crate::engine::segments::{Expandable, Phys, Segment, SegmentKind};
 use crate::engine::state::Inner;
 use crate::stats::{DeviceStats, StatType};
 
@@ -33,6 +33,87 @@ impl<B: Backend> Inner<B> {
         self.check_pools()?;
         self.check_shards()?;
         self.check_stats()
+    }
+
+    /// The ghost mappings of expandable segment `index` at `start`: inside
+    /// the range, clear of the runs and of each other, each of memory
+    /// mapped as a run elsewhere (its home) of the same length, and in the
+    /// site index; the index and the count hold no other ghost; no recycled
+    /// memory is left between operations.
+    fn check_ghosts(
+        &self,
+        start: u64,
+        index: u32,
+        e: &Expandable<Phys<B>, B::Stream>,
+    ) -> Result<(), String> {
+        let mut end = 0usize;
+        for (&at, &(n, id)) in &e.ghosts {
+            if n == 0 || at < end || at + n > e.npages || e.mapped_in(at, at + n) > 0 {
+                return Err(format!(
+                    "segment {start:#x}: ghost at page {at} of {n} pages overlaps or overruns"
+                ));
+            }
+            let home = self.segments.homes.get(&id).and_then(|&(i, first)| {
+                let h = self.segments.expandable.get(i as usize)?.as_ref()?;
+                h.runs.get(&first).map(|r| (i, first, r.0 as u64 * h.page))
+            });
+            match home {
+                Some((i, first, bytes))
+                    if bytes == n as u64 * e.page && (i, first) != (index, at) => {}
+                _ => {
+                    return Err(format!(
+                        "segment {start:#x}: ghost at page {at} has no home run of {n} pages"
+                    ));
+                }
+            }
+            if !self
+                .segments
+                .ghost_sites
+                .get(&id)
+                .is_some_and(|v| v.contains(&(index, at)))
+            {
+                return Err(format!(
+                    "segment {start:#x}: ghost at page {at} not indexed"
+                ));
+            }
+            end = at + n;
+        }
+        if !self.segments.spare.is_empty() {
+            return Err("recycled memory left between operations".into());
+        }
+        let (sites, ghosts) = (
+            self.segments
+                .ghost_sites
+                .values()
+                .map(Vec::len)
+                .sum::<usize>(),
+            self.segments
+                .expandable
+                .iter()
+                .flatten()
+                .map(|e| e.ghosts.len())
+                .sum::<usize>(),
+        );
+        let runs: usize = self
+            .segments
+            .expandable
+            .iter()
+            .flatten()
+            .map(|e| e.runs.len())
+            .sum();
+        if runs != self.segments.homes.len() {
+            return Err(format!(
+                "{runs} runs mapped, {} homes recorded",
+                self.segments.homes.len()
+            ));
+        }
+        if sites != ghosts || ghosts != self.segments.ghost_count {
+            return Err(format!(
+                "ghosts: {ghosts} mapped, {sites} indexed, {} counted",
+                self.segments.ghost_count
+            ));
+        }
+        Ok(())
     }
 
     /// The shard parts: every block of a segment lives in the part of its
@@ -139,14 +220,20 @@ impl<B: Backend> Inner<B> {
             return Err(format!("segment {start:#x}: expandable record disagrees"));
         }
         let mut end = 0usize;
-        for (&at, &(n, _)) in &e.runs {
+        for (&at, &(n, _, id)) in &e.runs {
             if n == 0 || at < end || at + n > e.npages {
                 return Err(format!(
                     "segment {start:#x}: run at page {at} of {n} pages overlaps or overruns"
                 ));
             }
+            if self.segments.homes.get(&id) != Some(&(index, at)) {
+                return Err(format!(
+                    "segment {start:#x}: run at page {at} is not its memory's home"
+                ));
+            }
             end = at + n;
         }
+        self.check_ghosts(start, index, e)?;
         let mut prev_unmapped = false;
         for id in self.blocks.segment_blocks(seg.head) {
             let b = &self.blocks[id];

@@ -500,6 +500,15 @@ impl<B: Backend> CachingAllocator<B> {
         (g.lent, g.lent_waits)
     }
 
+    /// Ghost mappings kept now (cachalot's expandable mode,
+    /// `docs/design-expandable.md` "Ghost mappings"): recycled memory still
+    /// mapped at an old place, where it can come back with no driver call.
+    /// A testing and reporting hook.
+    #[doc(hidden)]
+    pub fn ghost_mappings(&self) -> usize {
+        self.lock().segments.ghost_count
+    }
+
     /// Makes the shards log from now on, as after two threads' fast
     /// operations met on the shared mirror. A testing hook: the logs and
     /// their flushes run on one thread, deterministically.

@@ -4,7 +4,7 @@
 //! releasable segment, and whether a bad pointer lies inside one.
 #![forbid(unsafe_code)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::backend::{Backend, DevicePointer, VirtualMemory};
 use crate::engine::block::{BState, Block, BlockId, NIL};
@@ -59,6 +59,14 @@ pub(crate) const LARGE_MAPPING: usize = 24;
 /// pages or more take the churn traces past 1.08.
 pub(crate) const LARGE_RUN: usize = 12;
 
+/// The most ghost mappings cachalot's expandable mode keeps
+/// ([`Expandable::ghosts`]); past it, recycled pages are unmapped.
+pub(crate) const GHOSTS: usize = 1 << 16;
+
+/// The identity of one physical allocation of an expandable segment (the
+/// backend's handles need not compare).
+pub(crate) type PhysId = u64;
+
 /// The physical-memory handle type of a backend.
 pub(crate) type Phys<B> = <<B as Backend>::VirtualMemory as VirtualMemory>::Physical;
 
@@ -70,9 +78,16 @@ pub(crate) struct Expandable<P, S> {
     pub size: u64,
     pub page: u64,
     /// The mapped runs by first page index: (pages in the run, the
-    /// physical memory mapped there). A sparse table: a reservation spans
-    /// about 1.125× the device in 2 MiB pages, of which few are mapped.
-    pub runs: BTreeMap<usize, (usize, P)>,
+    /// physical memory mapped there, its [`PhysId`]). A sparse table: a
+    /// reservation spans about 1.125× the device in 2 MiB pages, of which
+    /// few are mapped.
+    pub runs: BTreeMap<usize, (usize, P, PhysId)>,
+    /// Ghost mappings by first page index: (pages, physical memory),
+    /// physical memory that page recycling moved elsewhere and whose old
+    /// mapping here was kept (cachalot's expandable mode, [`GHOSTS`]). To
+    /// the engine these pages are unmapped; on the device they still map
+    /// that memory, so it moves back here with no driver call.
+    pub ghosts: BTreeMap<usize, (usize, PhysId)>,
     /// Pages in the reservation.
     pub npages: usize,
     /// The stream it was created for (synchronized before unmapping).
@@ -87,8 +102,17 @@ impl<P, S> Expandable<P, S> {
 
     /// The run holding page `i`: (first page, pages).
     pub fn run_at(&self, i: usize) -> Option<(usize, usize)> {
-        let (&at, &(n, _)) = self.runs.range(..=i).next_back()?;
+        let (&at, &(n, _, _)) = self.runs.range(..=i).next_back()?;
         (at + n > i).then_some((at, n))
+    }
+
+    /// The ghosts that overlap pages `lo..hi`: (first page, pages, id).
+    pub fn ghosts_in(&self, lo: usize, hi: usize) -> Vec<(usize, usize, PhysId)> {
+        self.ghosts
+            .range(lo.saturating_sub(LARGE_RUN)..hi)
+            .filter(|(at, (n, _))| *at + *n > lo)
+            .map(|(&at, &(n, id))| (at, n, id))
+            .collect()
     }
 
     /// Mapped pages among pages `lo..hi`.
@@ -97,7 +121,7 @@ impl<P, S> Expandable<P, S> {
         if let Some((at, len)) = self.run_at(lo) {
             n += (at + len).min(hi) - lo;
         }
-        for (&at, &(len, _)) in self.runs.range(lo + 1..hi) {
+        for (&at, &(len, _, _)) in self.runs.range(lo + 1..hi) {
             n += (at + len).min(hi) - at;
         }
         n
@@ -141,10 +165,22 @@ pub(crate) struct Segments<P, S> {
     created: u64,
     /// The expandable segments (`None`: a released slot).
     pub expandable: Vec<Option<Expandable<P, S>>>,
-    /// Physical pages just unmapped by page recycling, with their size,
-    /// for the mapping that follows in the same operation (no release and
-    /// create in between); empty between operations.
-    pub spare: Vec<(u64, P)>,
+    /// Physical pages just unmapped by page recycling, with their size
+    /// and id, for the mapping that follows in the same operation (no
+    /// release and create in between); empty between operations.
+    pub spare: Vec<(u64, P, PhysId)>,
+    /// The last [`PhysId`] given.
+    phys_ids: PhysId,
+    /// Where each physical allocation of a run is mapped: (expandable
+    /// index, first page).
+    pub homes: HashMap<PhysId, (u32, usize)>,
+    /// Where each physical allocation has ghost mappings.
+    pub ghost_sites: HashMap<PhysId, Vec<(u32, usize)>>,
+    /// Ghost mappings in all.
+    pub ghost_count: usize,
+    /// No more ghosts: the backend refused to map memory that a ghost
+    /// still maps.
+    pub ghosts_off: bool,
 }
 
 impl<P, S> Default for Segments<P, S> {
@@ -154,6 +190,11 @@ impl<P, S> Default for Segments<P, S> {
             created: 0,
             expandable: Vec::new(),
             spare: Vec::new(),
+            phys_ids: 0,
+            homes: HashMap::new(),
+            ghost_sites: HashMap::new(),
+            ghost_count: 0,
+            ghosts_off: false,
         }
     }
 }
@@ -249,6 +290,24 @@ impl<P, S> Segments<P, S> {
             .range(..=addr)
             .next_back()
             .is_some_and(|(&start, seg)| addr < start + seg.size)
+    }
+
+    /// A new [`PhysId`].
+    fn next_phys(&mut self) -> PhysId {
+        self.phys_ids += 1;
+        self.phys_ids
+    }
+
+    /// Forgets ghost `(index, at)` of physical allocation `id` in the
+    /// site index.
+    fn forget_site(&mut self, id: PhysId, index: u32, at: usize) {
+        if let Some(v) = self.ghost_sites.get_mut(&id) {
+            v.retain(|&s| s != (index, at));
+            if v.is_empty() {
+                self.ghost_sites.remove(&id);
+            }
+        }
+        self.ghost_count -= 1;
     }
 
     /// The next segment age.
@@ -347,14 +406,14 @@ impl<B: Backend> Inner<B> {
         // memory-fraction check: recycled pages make room)
         let mut chain = None;
         if self.moves_memory(backend) {
-            let (need, keep) = match self.recycling_chain(p) {
+            let (need, keep, target) = match self.recycling_chain(p) {
                 Some((start, need, keep)) => {
                     chain = Some(start);
-                    (need, keep)
+                    (need, keep, Some((self.blocks[start].addr, p.size)))
                 }
-                None => (p.size, 0..0),
+                None => (p.size, 0..0, None),
             };
-            self.recycle_pages(backend, need, keep);
+            self.recycle_pages(backend, need, keep, target);
         }
         if let Some(max) = self.limits.allowed_max
             && self.stats.reserved_bytes.all().current as u64 + size > max
@@ -412,7 +471,8 @@ impl<B: Backend> Inner<B> {
         (hi - lo) as u64 * e.page
     }
 
-    /// Releases the recycled pages the mapping did not take.
+    /// Releases the recycled pages the mapping did not take (and their
+    /// ghosts).
     fn release_spare(&mut self, backend: &B) {
         if self.segments.spare.is_empty() {
             return;
@@ -420,11 +480,59 @@ impl<B: Backend> Inner<B> {
         let Some(vm) = backend.virtual_memory() else {
             return;
         };
-        for (bytes, h) in std::mem::take(&mut self.segments.spare) {
-            if let Err(err) = vm.release_physical(h) {
-                tracing::warn!(%err, "releasing a recycled page failed");
-                self.release_failures.record(bytes, err);
-            }
+        for (bytes, h, id) in std::mem::take(&mut self.segments.spare) {
+            self.release_physical(vm, bytes, h, id);
+        }
+    }
+
+    /// Releases physical allocation `id` (mapped nowhere but in its
+    /// ghosts, which are unmapped first).
+    fn release_physical(&mut self, vm: &B::VirtualMemory, bytes: u64, h: Phys<B>, id: PhysId) {
+        self.drop_ghosts_of(vm, id);
+        if let Err(err) = vm.release_physical(h) {
+            tracing::warn!(%err, "releasing a page's memory failed");
+            self.release_failures.record(bytes, err);
+        }
+    }
+
+    /// Unmaps ghost mapping `at` of expandable segment `index`.
+    fn drop_ghost(&mut self, vm: &B::VirtualMemory, index: u32, at: usize) {
+        let e = self.segments.expandable[index as usize]
+            .as_mut()
+            .expect("a live expandable segment");
+        let Some((n, id)) = e.ghosts.remove(&at) else {
+            return;
+        };
+        let (addr, bytes) = (e.start + at as u64 * e.page, n as u64 * e.page);
+        self.stats.num_device_free += 1;
+        if let Err(err) = vm.unmap(addr, bytes) {
+            tracing::warn!(%err, addr, "unmapping a ghost mapping failed");
+            self.release_failures.record(0, err);
+        }
+        self.segments.forget_site(id, index, at);
+    }
+
+    /// Unmaps every ghost mapping of physical allocation `id`.
+    fn drop_ghosts_of(&mut self, vm: &B::VirtualMemory, id: PhysId) {
+        let sites = self
+            .segments
+            .ghost_sites
+            .get(&id)
+            .cloned()
+            .unwrap_or_default();
+        for (index, at) in sites {
+            self.drop_ghost(vm, index, at);
+        }
+    }
+
+    /// Unmaps every ghost mapping inside expandable segment `index`.
+    fn drop_ghosts_in(&mut self, vm: &B::VirtualMemory, index: u32) {
+        let ats: Vec<usize> = self.segments.expandable[index as usize]
+            .as_ref()
+            .map(|e| e.ghosts.keys().copied().collect())
+            .unwrap_or_default();
+        for at in ats {
+            self.drop_ghost(vm, index, at);
         }
     }
 
@@ -512,7 +620,7 @@ impl<B: Backend> Inner<B> {
 
     /// The block of a segment whose bytes contain `addr` (a walk of its
     /// segment's block list: for the error path only).
-    fn block_containing(&self, addr: u64) -> Option<BlockId> {
+    pub(super) fn block_containing(&self, addr: u64) -> Option<BlockId> {
         if !self.segments.contains(addr) {
             return None;
         }
@@ -554,6 +662,7 @@ impl<B: Backend> Inner<B> {
             size,
             page,
             runs: BTreeMap::new(),
+            ghosts: BTreeMap::new(),
             npages: pages,
             stream,
         };
@@ -563,21 +672,23 @@ impl<B: Backend> Inner<B> {
 
     /// Maps the pages covering `[addr, addr + size)` of an expandable
     /// segment (`addr` on a page boundary, the pages unmapped), then sets
-    /// access on the whole range. Physical memory recycled in this
-    /// operation ([`Segments::spare`]) goes first, a run at a time where it
-    /// fits; the rest is new: in cachalot's mode one physical allocation
-    /// and one mapping per run of [`MAX_RUN`] pages (half the driver calls
-    /// of one per page), or of [`LARGE_RUN`] pages when the mapping has at
-    /// least [`LARGE_MAPPING`]; in PyTorch's mode one per page, as PyTorch
-    /// 2.11.
-    /// Returns the bytes mapped; `Ok(None)`: out of device memory (nothing
-    /// changed).
+    /// access on what is newly mapped. A ghost mapping there whose physical
+    /// memory page recycling freed in this operation becomes the run again,
+    /// with no driver call; other ghosts in the range are unmapped. Physical
+    /// memory recycled in this operation ([`Segments::spare`]) goes next, a
+    /// run at a time where it fits; the rest is new: in cachalot's mode one
+    /// physical allocation and one mapping per run of [`MAX_RUN`] pages
+    /// (half the driver calls of one per page), or of [`LARGE_RUN`] pages
+    /// when the mapping has at least [`LARGE_MAPPING`]; in PyTorch's mode
+    /// one per page, as PyTorch 2.11.
+    /// Returns the bytes mapped and whether a driver call mapped any;
+    /// `Ok(None)`: out of device memory (nothing mapped).
     pub(super) fn map_pages(
         &mut self,
         backend: &B,
         addr: u64,
         size: u64,
-    ) -> Result<Option<u64>, Error> {
+    ) -> Result<Option<(u64, bool)>, Error> {
         let vm = backend
             .virtual_memory()
             .ok_or_else(|| Error::from(crate::config::expandable_unsupported()))?;
@@ -587,42 +698,83 @@ impl<B: Backend> Inner<B> {
         let begin = ((addr - start) / page) as usize;
         let end = (addr + size - start).div_ceil(page) as usize;
         let runs_of_many = self.recycles_pages();
-        // (first page, pages, physical memory)
-        let mut made: Vec<(usize, usize, Phys<B>)> = Vec::new();
-        let undo = |made: Vec<(usize, usize, Phys<B>)>, mapped: usize| {
-            for (k, (i, n, h)) in made.into_iter().enumerate() {
+        // ghosts whose memory is spare come back; the others go
+        let mut back: Vec<(usize, usize, Phys<B>, PhysId)> = Vec::new();
+        for (at, n, id) in e.ghosts_in(begin, end) {
+            let whole = at >= begin && at + n <= end;
+            match self.segments.spare.iter().position(|s| s.2 == id) {
+                Some(k) if whole => {
+                    let (_, h, id) = self.segments.spare.swap_remove(k);
+                    back.push((at, n, h, id));
+                }
+                _ => self.drop_ghost(vm, index, at),
+            }
+        }
+        back.sort_unstable_by_key(|r| r.0);
+        // (first page, pages, physical memory, id)
+        let mut made: Vec<(usize, usize, Phys<B>, PhysId)> = Vec::new();
+        // on failure everything goes to the spare list, which the caller
+        // releases (with the ghosts of what was recycled)
+        let undo = |this: &mut Self,
+                    made: Vec<(usize, usize, Phys<B>, PhysId)>,
+                    back: Vec<(usize, usize, Phys<B>, PhysId)>,
+                    mapped: usize| {
+            for (k, (i, n, h, id)) in made.into_iter().enumerate() {
                 if k < mapped {
                     let _ = vm.unmap(start + i as u64 * page, n as u64 * page);
                 }
-                let _ = vm.release_physical(h);
+                this.segments.spare.push((n as u64 * page, h, id));
+            }
+            for (_, n, h, id) in back {
+                this.segments.spare.push((n as u64 * page, h, id));
             }
         };
         let mut i = begin;
+        let mut next_back = back.iter().map(|r| (r.0, r.1)).peekable();
         while i < end {
-            let left = (end - i) as u64 * page;
+            if let Some(&(at, n)) = next_back.peek()
+                && at == i
+            {
+                next_back.next();
+                i += n;
+                continue;
+            }
+            let gap_end = next_back.peek().map_or(end, |r| r.0);
+            let left = (gap_end - i) as u64 * page;
             if let Some(k) = self
                 .segments
                 .spare
                 .iter()
-                .rposition(|(n, _)| *n <= left && n.is_multiple_of(page))
+                .rposition(|(n, _, _)| *n <= left && n.is_multiple_of(page))
             {
-                let (n, h) = self.segments.spare.swap_remove(k);
+                let (n, h, id) = self.segments.spare.swap_remove(k);
                 let n = (n / page) as usize;
-                made.push((i, n, h));
+                made.push((i, n, h, id));
                 i += n;
                 continue;
             }
             let n = if !runs_of_many {
                 1
             } else if end - begin >= LARGE_MAPPING {
-                (end - i).min(LARGE_RUN)
+                (gap_end - i).min(LARGE_RUN)
             } else {
-                (end - i).min(MAX_RUN)
+                (gap_end - i).min(MAX_RUN)
             };
-            match vm.create_physical(n as u64 * page) {
-                Ok(h) => made.push((i, n, h)),
+            let mut made_phys = vm.create_physical(n as u64 * page);
+            if matches!(made_phys, Err(DeviceAllocError::OutOfMemory))
+                && !self.segments.spare.is_empty()
+            {
+                // recycled memory this mapping cannot use goes back first
+                self.release_spare(backend);
+                made_phys = vm.create_physical(n as u64 * page);
+            }
+            match made_phys {
+                Ok(h) => {
+                    let id = self.segments.next_phys();
+                    made.push((i, n, h, id));
+                }
                 Err(err) => {
-                    undo(made, 0);
+                    undo(self, made, back, 0);
                     return match err {
                         DeviceAllocError::OutOfMemory => Ok(None),
                         DeviceAllocError::Backend(e) => Err(e.into()),
@@ -632,43 +784,72 @@ impl<B: Backend> Inner<B> {
             i += n;
         }
         for k in 0..made.len() {
-            let (i, n, ref h) = made[k];
-            if let Err(err) = vm.map(start + i as u64 * page, n as u64 * page, h) {
-                undo(made, k);
+            let (i, n, ref h, id) = made[k];
+            let (at, bytes) = (start + i as u64 * page, n as u64 * page);
+            let mut r = vm.map(at, bytes, h);
+            if r.is_err() && self.segments.ghost_sites.contains_key(&id) {
+                // a driver that maps physical memory at one place only:
+                // its ghosts go, and no ghost is made from now on
+                tracing::debug!("mapping memory that has a ghost mapping failed; ghosts off");
+                self.segments.ghosts_off = true;
+                self.drop_ghosts_of(vm, id);
+                r = vm.map(at, bytes, h);
+            }
+            if let Err(err) = r {
+                undo(self, made, back, k);
                 return Err(err.into());
             }
         }
-        let first = start + begin as u64 * page;
-        let bytes = (end - begin) as u64 * page;
-        if let Err(err) = vm.set_access(first, bytes, backend.device()) {
-            let all = made.len();
-            undo(made, all);
-            return Err(err.into());
+        // access on each stretch of new mappings (ghosts have it)
+        let mut k = 0;
+        while k < made.len() {
+            let mut j = k + 1;
+            while j < made.len() && made[j].0 == made[j - 1].0 + made[j - 1].1 {
+                j += 1;
+            }
+            let first = start + made[k].0 as u64 * page;
+            let bytes = (made[j - 1].0 + made[j - 1].1 - made[k].0) as u64 * page;
+            if let Err(err) = vm.set_access(first, bytes, backend.device()) {
+                let all = made.len();
+                undo(self, made, back, all);
+                return Err(err.into());
+            }
+            k = j;
+        }
+        let calls = !made.is_empty();
+        for &(at, _, _, id) in &back {
+            self.segments.forget_site(id, index, at);
         }
         let e = self.segments.expandable[index as usize]
             .as_mut()
             .expect("a live expandable segment");
-        for (i, n, h) in made {
-            let old = e.runs.insert(i, (n, h));
+        for (at, n, h, id) in back.into_iter().chain(made) {
+            e.ghosts.remove(&at);
+            let old = e.runs.insert(at, (n, h, id));
             debug_assert!(old.is_none());
+            self.segments.homes.insert(id, (index, at));
         }
-        Ok(Some(bytes))
+        Ok(Some(((end - begin) as u64 * page, calls)))
     }
 
     /// Unmaps and releases the whole pages inside `[addr, addr + size)` of
     /// an expandable segment, after synchronizing the segment's stream (an
     /// event recorded on it and waited for: unmapping does not wait for
     /// pending work), or the device with `whole_device` (a private pool's
-    /// segment: its graphs may run on any stream). Returns the unmapped range (start, bytes); `None`
-    /// when no whole page lies inside or the first step failed (recorded
-    /// in `release_failures`).
+    /// segment: its graphs may run on any stream). With
+    /// [`UnmapSync::Recycle`] the physical memory goes to the spare list and
+    /// the mapping stays as a ghost (while fewer than [`GHOSTS`] are kept),
+    /// with no driver call. Returns the unmapped range (start, bytes) and
+    /// whether a driver call unmapped any of it; `None` when no whole page
+    /// lies inside or the first step failed (recorded in
+    /// `release_failures`).
     pub(super) fn unmap_pages(
         &mut self,
         backend: &B,
         addr: u64,
         size: u64,
         sync: UnmapSync,
-    ) -> Option<(u64, u64)> {
+    ) -> Option<(u64, u64, bool)> {
         let vm = backend.virtual_memory()?;
         let (index, e) = self.segments.expandable_at(addr);
         let (start, page, stream) = (e.start, e.page, e.stream);
@@ -696,42 +877,63 @@ impl<B: Backend> Inner<B> {
             tracing::debug!(%err, addr, "synchronizing before an unmap failed; the pages stay mapped");
             return None;
         }
-        let e = self.segments.expandable[index as usize]
-            .as_mut()
-            .expect("a live expandable segment");
         let mut done = begin;
+        let mut calls = false;
         while done < end {
             let i = done;
             let at = start + i as u64 * page;
+            let e = self.segments.expandable[index as usize]
+                .as_mut()
+                .expect("a live expandable segment");
             let n = e.runs.get(&i).expect("a run starts at each mapped page").0;
             debug_assert!(i + n <= end, "whole runs only");
             let bytes = n as u64 * page;
-            if let Err(err) = vm.unmap(at, bytes) {
-                tracing::warn!(%err, at, "unmapping a page failed; it stays mapped");
-                self.release_failures.record((end - i) as u64 * page, err);
-                break;
+            let ghost = keep && !self.segments.ghosts_off && self.segments.ghost_count < GHOSTS;
+            if !ghost {
+                calls = true;
+                if let Err(err) = vm.unmap(at, bytes) {
+                    tracing::warn!(%err, at, "unmapping a page failed; it stays mapped");
+                    self.release_failures.record((end - i) as u64 * page, err);
+                    break;
+                }
             }
-            let (_, h) = e.runs.remove(&i).expect("a mapped run");
+            let (_, h, id) = e.runs.remove(&i).expect("a mapped run");
+            self.segments.homes.remove(&id);
             done = i + n;
+            if ghost {
+                e.ghosts.insert(i, (n, id));
+                self.segments
+                    .ghost_sites
+                    .entry(id)
+                    .or_default()
+                    .push((index, i));
+                self.segments.ghost_count += 1;
+            }
             if keep {
-                self.segments.spare.push((bytes, h));
+                self.segments.spare.push((bytes, h, id));
                 continue;
             }
-            if let Err(err) = vm.release_physical(h) {
-                tracing::warn!(%err, at, "releasing a page's memory failed");
-                self.release_failures.record(bytes, err);
-            }
+            self.release_physical(vm, bytes, h, id);
         }
-        (done > begin).then(|| (start + begin as u64 * page, (done - begin) as u64 * page))
+        (done > begin).then(|| {
+            (
+                start + begin as u64 * page,
+                (done - begin) as u64 * page,
+                calls,
+            )
+        })
     }
 
     /// Unreserves the (wholly unmapped) expandable segment at `start` and
-    /// unregisters it; false (recorded) when the backend refuses.
+    /// unregisters it, its ghost mappings unmapped first; false (recorded)
+    /// when the backend refuses.
     pub(super) fn unreserve_expandable(&mut self, backend: &B, start: u64) -> bool {
         let Some(vm) = backend.virtual_memory() else {
             return false;
         };
-        let size = self.segments.expandable_at(start).1.size;
+        let (index, e) = self.segments.expandable_at(start);
+        let size = e.size;
+        self.drop_ghosts_in(vm, index);
         if let Err(err) = vm.unreserve(start, size) {
             tracing::warn!(%err, start, "unreserving an expandable segment failed");
             self.release_failures.record(0, err);
@@ -760,17 +962,32 @@ impl<B: Backend> Inner<B> {
         }
         let expandable = std::mem::take(&mut self.segments.expandable);
         if let Some(vm) = backend.virtual_memory() {
-            for e in expandable.into_iter().flatten() {
-                for (i, (n, h)) in e.runs {
+            let mut handles = Vec::new();
+            for e in expandable.iter().flatten() {
+                for (&i, &(n, _)) in &e.ghosts {
                     keep(
                         vm.unmap(e.start + i as u64 * e.page, n as u64 * e.page)
                             .map_err(Error::from),
                     );
-                    keep(vm.release_physical(h).map_err(Error::from));
+                }
+            }
+            for e in expandable.into_iter().flatten() {
+                for (i, (n, h, _)) in e.runs {
+                    keep(
+                        vm.unmap(e.start + i as u64 * e.page, n as u64 * e.page)
+                            .map_err(Error::from),
+                    );
+                    handles.push(h);
                 }
                 keep(vm.unreserve(e.start, e.size).map_err(Error::from));
             }
+            for h in handles {
+                keep(vm.release_physical(h).map_err(Error::from));
+            }
         }
+        self.segments.ghost_sites.clear();
+        self.segments.homes.clear();
+        self.segments.ghost_count = 0;
         first_err.map_or(Ok(()), Err)
     }
 }
