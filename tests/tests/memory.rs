@@ -116,54 +116,6 @@ fn ghost_mappings_bring_memory_back_without_a_driver_call() {
     d.drop_without_vmm_leaks();
 }
 
-/// A run that moves within its stream needs no completion fence (the
-/// stream's order puts the new work after the old, as PyTorch reuses a
-/// block on its own stream with no wait): no event is recorded and nothing
-/// waits, though the block's last use is still pending. Its old mapping
-/// stays as a ghost while that use may run; mapping other memory over the
-/// ghost later waits for it first, and the mock refuses no unmap.
-#[test]
-fn a_move_within_a_stream_needs_no_fence() {
-    let d = Dev::manual(CACHALOT);
-    let events = |d: &Dev| {
-        [
-            MockCall::RecordEvent,
-            MockCall::QueryEvent,
-            MockCall::SynchronizeEvent,
-        ]
-        .map(|c| d.m.call_count(c))
-    };
-    let a = d.alloc(50 * MIB);
-    let sep = d.alloc(2 * MIB);
-    d.m.use_memory(d.s0(), a, 50 * MIB, 1).unwrap(); // pending
-    d.free(a);
-    let before = events(&d);
-    let b = d.alloc(60 * MIB); // past the peak: a's memory moves to b
-    assert_eq!(events(&d), before, "no fence, no wait");
-    assert_eq!(d.a.ghost_mappings(), 3, "a's runs stay mapped");
-    assert_eq!(d.m.pending(d.s0()).unwrap(), 1, "a's use still pending");
-    d.m.use_memory(d.s0(), b, 60 * MIB, 2).unwrap();
-    let syncs = d.m.call_count(MockCall::SynchronizeEvent);
-    let c = d.alloc(40 * MIB); // new memory over a's ghosts
-    assert_eq!(c, a);
-    assert!(
-        d.m.call_count(MockCall::SynchronizeEvent) > syncs,
-        "the ghosts' unmap waited for a's use"
-    );
-    assert_eq!(d.m.counters().unmap_refused, 0);
-    // c's twenty pages took the two runs of twelve; a's last page stays
-    assert_eq!(d.a.ghost_mappings(), 1);
-    d.m.use_memory(d.s0(), c, 40 * MIB, 3).unwrap();
-    d.m.complete_all();
-    assert_eq!(d.m.tag_at(b + 60 * MIB - 1), Some(2));
-    assert_eq!(d.m.tag_at(c), Some(3));
-    assert_eq!(d.m.race_count(), 0);
-    for p in [b, c, sep] {
-        d.free(p);
-    }
-    d.drop_without_vmm_leaks();
-}
-
 /// A driver that refuses to map physical memory that is still mapped
 /// elsewhere (a ghost) does not fail the allocation: the memory's ghost is
 /// unmapped, the mapping is made again, and no ghost is made from then on.

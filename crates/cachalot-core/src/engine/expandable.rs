@@ -150,7 +150,6 @@ impl<B: Backend> Inner<B> {
         need: u64,
         keep: Range<u64>,
         target: Option<(u64, u64)>,
-        to: B::Stream,
     ) {
         let clock = self.events.clock();
         let mut done: Vec<(B::Stream, u64)> = Vec::new();
@@ -168,12 +167,16 @@ impl<B: Backend> Inner<B> {
                 }
                 let stream = self.segments.expandable_at(addr).1.stream;
                 let own = self.blocks[id].stream;
-                let same = self.moves_unfenced(own, stream, to);
-                let ok = same
-                    || self.done_on(backend, &mut done, own) >= self.blocks.freed_at(id)
-                        && (own == stream || self.done_on(backend, &mut done, stream) == clock);
+                let ok = self.done_on(backend, &mut done, own) >= self.blocks.freed_at(id)
+                    && (own == stream || self.done_on(backend, &mut done, stream) == clock);
                 if ok {
-                    self.unmap_recycled(backend, id, Some((addr, len)), same);
+                    self.unmap_block_with(
+                        backend,
+                        id,
+                        Some((addr, len)),
+                        UnmapSync::Recycle,
+                        false,
+                    );
                 }
             }
         }
@@ -221,10 +224,8 @@ impl<B: Backend> Inner<B> {
                 }
                 let stream = self.segments.expandable_at(self.blocks[id].addr).1.stream;
                 let own = self.blocks[id].stream;
-                let same = self.moves_unfenced(own, stream, to);
-                let ok = same
-                    || self.done_on(backend, &mut done, own) >= self.blocks.freed_at(id)
-                        && (own == stream || self.done_on(backend, &mut done, stream) == clock);
+                let ok = self.done_on(backend, &mut done, own) >= self.blocks.freed_at(id)
+                    && (own == stream || self.done_on(backend, &mut done, stream) == clock);
                 if !ok {
                     if !busy_pass {
                         continue;
@@ -250,40 +251,11 @@ impl<B: Backend> Inner<B> {
                     }
                 }
                 // the range stays reserved: the stream maps into it again soon
-                let got = self.unmap_recycled(backend, id, None, same);
+                let got = self.unmap_block_with(backend, id, None, UnmapSync::Recycle, false);
                 want = want.saturating_sub(got);
                 self.recycling.moved(got, live);
             }
         }
-    }
-
-    /// Whether a free block of stream `own` in a segment of stream
-    /// `stream` may move to a request of stream `to` with no completion
-    /// fence: all three are one stream, whose order puts the request's work
-    /// after the block's, and the run stays mapped where it was (a ghost),
-    /// so no work still queued there loses its pages; the ghost's unmap,
-    /// later, waits for that work ([`Segments::ghost_fence`]). PyTorch
-    /// reuses a block on its own stream the same way, with no wait.
-    fn moves_unfenced(&self, own: B::Stream, stream: B::Stream, to: B::Stream) -> bool {
-        own == to && stream == to && !self.segments.ghosts_off
-    }
-
-    /// Recycles the whole pages of free block `id` (of `range` in it, or
-    /// all), unfenced when `same` ([`Self::moves_unfenced`]); returns the
-    /// bytes.
-    fn unmap_recycled(
-        &mut self,
-        backend: &B,
-        id: BlockId,
-        range: Option<(u64, u64)>,
-        same: bool,
-    ) -> u64 {
-        if same {
-            self.segments.unfenced = Some((self.blocks[id].stream, self.blocks.freed_at(id)));
-        }
-        let got = self.unmap_block_with(backend, id, range, UnmapSync::Recycle, false);
-        self.segments.unfenced = None;
-        got
     }
 
     /// The runs whose physical memory has a ghost mapping among the pages

@@ -107,22 +107,6 @@ impl<B: Backend> Inner<B> {
                 self.segments.homes.len()
             ));
         }
-        for &(i, at) in self.segments.ghost_fence.keys() {
-            let is_ghost = self
-                .segments
-                .expandable
-                .get(i as usize)
-                .and_then(Option::as_ref)
-                .is_some_and(|e| e.ghosts.contains_key(&at));
-            if !is_ghost {
-                return Err(format!(
-                    "a ghost fence at page {at} of segment {i} has no ghost"
-                ));
-            }
-        }
-        if self.segments.unfenced.is_some() {
-            return Err("an unfenced move left set between operations".into());
-        }
         if sites != ghosts || ghosts != self.segments.ghost_count {
             return Err(format!(
                 "ghosts: {ghosts} mapped, {sites} indexed, {} counted",

@@ -181,14 +181,6 @@ pub(crate) struct Segments<P, S> {
     /// No more ghosts: the backend refused to map memory that a ghost
     /// still maps.
     pub ghosts_off: bool,
-    /// Set by page recycling around the unmap of a run that moves within
-    /// its stream with no completion fence: (stream, the block's free
-    /// stamp). The ghosts made then are filed in [`Self::ghost_fence`].
-    pub unfenced: Option<(S, u64)>,
-    /// Ghosts whose stream's earlier work may still use their addresses:
-    /// (expandable index, first page) -> (stream, free stamp). Unmapping
-    /// one waits for that work first.
-    pub ghost_fence: HashMap<(u32, usize), (S, u64)>,
 }
 
 impl<P, S> Default for Segments<P, S> {
@@ -203,8 +195,6 @@ impl<P, S> Default for Segments<P, S> {
             ghost_sites: HashMap::new(),
             ghost_count: 0,
             ghosts_off: false,
-            unfenced: None,
-            ghost_fence: HashMap::new(),
         }
     }
 }
@@ -423,7 +413,7 @@ impl<B: Backend> Inner<B> {
                 }
                 None => (p.size, 0..0, None),
             };
-            self.recycle_pages(backend, need, keep, target, p.stream);
+            self.recycle_pages(backend, need, keep, target);
         }
         if let Some(max) = self.limits.allowed_max
             && self.stats.reserved_bytes.all().current as u64 + size > max
@@ -491,21 +481,14 @@ impl<B: Backend> Inner<B> {
             return;
         };
         for (bytes, h, id) in std::mem::take(&mut self.segments.spare) {
-            self.release_physical(backend, vm, bytes, h, id);
+            self.release_physical(vm, bytes, h, id);
         }
     }
 
     /// Releases physical allocation `id` (mapped nowhere but in its
     /// ghosts, which are unmapped first).
-    fn release_physical(
-        &mut self,
-        backend: &B,
-        vm: &B::VirtualMemory,
-        bytes: u64,
-        h: Phys<B>,
-        id: PhysId,
-    ) {
-        self.drop_ghosts_of(backend, vm, id);
+    fn release_physical(&mut self, vm: &B::VirtualMemory, bytes: u64, h: Phys<B>, id: PhysId) {
+        self.drop_ghosts_of(vm, id);
         if let Err(err) = vm.release_physical(h) {
             tracing::warn!(%err, "releasing a page's memory failed");
             self.release_failures.record(bytes, err);
@@ -513,7 +496,7 @@ impl<B: Backend> Inner<B> {
     }
 
     /// Unmaps ghost mapping `at` of expandable segment `index`.
-    fn drop_ghost(&mut self, backend: &B, vm: &B::VirtualMemory, index: u32, at: usize) {
+    fn drop_ghost(&mut self, vm: &B::VirtualMemory, index: u32, at: usize) {
         let e = self.segments.expandable[index as usize]
             .as_mut()
             .expect("a live expandable segment");
@@ -521,18 +504,6 @@ impl<B: Backend> Inner<B> {
             return;
         };
         let (addr, bytes) = (e.start + at as u64 * e.page, n as u64 * e.page);
-        // memory that moved within its stream with no fence: that stream's
-        // earlier work may still use this address
-        if let Some((stream, stamp)) = self.segments.ghost_fence.remove(&(index, at))
-            && self.events.probe(backend, stream) < stamp
-        {
-            match sync_stream(backend, stream) {
-                Ok(()) => self.events.synchronized(backend, stream),
-                Err(err) => {
-                    tracing::warn!(%err, addr, "waiting before unmapping a ghost failed");
-                }
-            }
-        }
         self.stats.num_device_free += 1;
         if let Err(err) = vm.unmap(addr, bytes) {
             tracing::warn!(%err, addr, "unmapping a ghost mapping failed");
@@ -542,7 +513,7 @@ impl<B: Backend> Inner<B> {
     }
 
     /// Unmaps every ghost mapping of physical allocation `id`.
-    fn drop_ghosts_of(&mut self, backend: &B, vm: &B::VirtualMemory, id: PhysId) {
+    fn drop_ghosts_of(&mut self, vm: &B::VirtualMemory, id: PhysId) {
         let sites = self
             .segments
             .ghost_sites
@@ -550,18 +521,18 @@ impl<B: Backend> Inner<B> {
             .cloned()
             .unwrap_or_default();
         for (index, at) in sites {
-            self.drop_ghost(backend, vm, index, at);
+            self.drop_ghost(vm, index, at);
         }
     }
 
     /// Unmaps every ghost mapping inside expandable segment `index`.
-    fn drop_ghosts_in(&mut self, backend: &B, vm: &B::VirtualMemory, index: u32) {
+    fn drop_ghosts_in(&mut self, vm: &B::VirtualMemory, index: u32) {
         let ats: Vec<usize> = self.segments.expandable[index as usize]
             .as_ref()
             .map(|e| e.ghosts.keys().copied().collect())
             .unwrap_or_default();
         for at in ats {
-            self.drop_ghost(backend, vm, index, at);
+            self.drop_ghost(vm, index, at);
         }
     }
 
@@ -736,7 +707,7 @@ impl<B: Backend> Inner<B> {
                     let (_, h, id) = self.segments.spare.swap_remove(k);
                     back.push((at, n, h, id));
                 }
-                _ => self.drop_ghost(backend, vm, index, at),
+                _ => self.drop_ghost(vm, index, at),
             }
         }
         back.sort_unstable_by_key(|r| r.0);
@@ -821,7 +792,7 @@ impl<B: Backend> Inner<B> {
                 // its ghosts go, and no ghost is made from now on
                 tracing::debug!("mapping memory that has a ghost mapping failed; ghosts off");
                 self.segments.ghosts_off = true;
-                self.drop_ghosts_of(backend, vm, id);
+                self.drop_ghosts_of(vm, id);
                 r = vm.map(at, bytes, h);
             }
             if let Err(err) = r {
@@ -848,7 +819,6 @@ impl<B: Backend> Inner<B> {
         let calls = !made.is_empty();
         for &(at, _, _, id) in &back {
             self.segments.forget_site(id, index, at);
-            self.segments.ghost_fence.remove(&(index, at));
         }
         let e = self.segments.expandable[index as usize]
             .as_mut()
@@ -918,11 +888,7 @@ impl<B: Backend> Inner<B> {
             let n = e.runs.get(&i).expect("a run starts at each mapped page").0;
             debug_assert!(i + n <= end, "whole runs only");
             let bytes = n as u64 * page;
-            // a run that moves with no fence must stay mapped (the cap is
-            // soft for it)
-            let ghost = keep
-                && !self.segments.ghosts_off
-                && (self.segments.ghost_count < GHOSTS || self.segments.unfenced.is_some());
+            let ghost = keep && !self.segments.ghosts_off && self.segments.ghost_count < GHOSTS;
             if !ghost {
                 calls = true;
                 if let Err(err) = vm.unmap(at, bytes) {
@@ -935,9 +901,6 @@ impl<B: Backend> Inner<B> {
             self.segments.homes.remove(&id);
             done = i + n;
             if ghost {
-                if let Some(f) = self.segments.unfenced {
-                    self.segments.ghost_fence.insert((index, i), f);
-                }
                 e.ghosts.insert(i, (n, id));
                 self.segments
                     .ghost_sites
@@ -950,7 +913,7 @@ impl<B: Backend> Inner<B> {
                 self.segments.spare.push((bytes, h, id));
                 continue;
             }
-            self.release_physical(backend, vm, bytes, h, id);
+            self.release_physical(vm, bytes, h, id);
         }
         (done > begin).then(|| {
             (
@@ -970,7 +933,7 @@ impl<B: Backend> Inner<B> {
         };
         let (index, e) = self.segments.expandable_at(start);
         let size = e.size;
-        self.drop_ghosts_in(backend, vm, index);
+        self.drop_ghosts_in(vm, index);
         if let Err(err) = vm.unreserve(start, size) {
             tracing::warn!(%err, start, "unreserving an expandable segment failed");
             self.release_failures.record(0, err);
@@ -1023,7 +986,6 @@ impl<B: Backend> Inner<B> {
             }
         }
         self.segments.ghost_sites.clear();
-        self.segments.ghost_fence.clear();
         self.segments.homes.clear();
         self.segments.ghost_count = 0;
         first_err.map_or(Ok(()), Err)
