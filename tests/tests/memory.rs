@@ -13,6 +13,15 @@ use cachalot_mock::{MockCall, MockStream};
 const CACHALOT: &str = "expandable_segments:True";
 const PYTORCH: &str = "placement:pytorch,expandable_segments:True";
 
+/// Two 50 MiB blocks on the default stream, kept apart by a live 2 MiB
+/// block so that they cannot merge: (first, separator, second).
+fn two_apart(d: &Dev) -> (u64, u64, u64) {
+    let a = d.alloc(50 * MIB);
+    let sep = d.alloc(2 * MIB);
+    let c = d.alloc(50 * MIB);
+    (a, sep, c)
+}
+
 /// Frees `p`, checking that the free ran on its stream's shard (the fast
 /// path), not on the device.
 fn free_on_shard(d: &Dev, p: u64) {
@@ -41,9 +50,7 @@ fn free_pages_of_one_stream_serve_another() {
     for config in [CACHALOT, PYTORCH] {
         let d = Dev::new(config);
         let s1 = d.stream();
-        let a = d.alloc(50 * MIB);
-        let sep = d.alloc(2 * MIB); // keeps a and c from merging
-        let c = d.alloc(50 * MIB);
+        let (a, sep, c) = two_apart(&d);
         d.m.use_memory(d.s0(), a, 50 * MIB, 1).unwrap();
         d.free(a);
         d.free(c);
@@ -90,9 +97,7 @@ fn free_pages_of_one_stream_serve_another() {
 fn ghost_mappings_bring_memory_back_without_a_driver_call() {
     let d = Dev::new(CACHALOT);
     let s1 = d.stream();
-    let a = d.alloc(50 * MIB);
-    let sep = d.alloc(2 * MIB);
-    let c = d.alloc(50 * MIB);
+    let (a, sep, c) = two_apart(&d);
     d.free(a);
     d.free(c);
     let b = d.alloc_on(100 * MIB, s1); // a's and c's memory moves to s1
@@ -123,9 +128,7 @@ fn ghost_mappings_bring_memory_back_without_a_driver_call() {
 fn a_refused_second_mapping_turns_ghosts_off() {
     let d = Dev::new(CACHALOT);
     let s1 = d.stream();
-    let a = d.alloc(50 * MIB);
-    let sep = d.alloc(2 * MIB);
-    let c = d.alloc(50 * MIB);
+    let (a, sep, c) = two_apart(&d);
     d.free(a);
     d.free(c);
     let unmaps = d.m.call_count(MockCall::Unmap);
