@@ -135,7 +135,7 @@ impl<B: Backend> Inner<B> {
     /// was. Runs whose memory has a ghost mapping where the request maps
     /// (`target`: the chain's first address and the request's size) go
     /// before any other, when their work is done: that memory moves back
-    /// with no driver call ([`Self::ghost_sources`]).
+    /// with no driver call ([`Self::ghost_homes`]).
     ///
     /// The cap is the larger of the reserved peak (recycling never lets
     /// reserved memory pass its old peak if free pages can make room) and
@@ -158,18 +158,18 @@ impl<B: Backend> Inner<B> {
         // memory) when its run is free and done where it is now. Such moves
         // cost nothing, so they do not raise the allowance.
         if let Some((at, bytes)) = target {
-            for (addr, len) in self.ghost_sources(at, bytes, &keep) {
+            for (addr, len) in self.ghost_homes(at, bytes) {
+                // (looked up now: an earlier move may have split the block)
                 let Some(id) = self.block_containing(addr) else {
                     continue;
                 };
-                if !self.unmappable(id) {
-                    continue;
-                }
-                let stream = self.segments.expandable_at(addr).1.stream;
-                let own = self.blocks[id].stream;
-                let ok = self.done_on(backend, &mut done, own) >= self.blocks.freed_at(id)
-                    && (own == stream || self.done_on(backend, &mut done, stream) == clock);
-                if ok {
+                let b = &self.blocks[id];
+                let movable = self.unmappable(id)
+                    && b.pool == DEFAULT_POOL
+                    && !keep.contains(&b.addr)
+                    && b.addr <= addr
+                    && addr + len <= b.addr + b.size;
+                if movable && self.work_done(backend, &mut done, id, clock) {
                     self.unmap_block_with(
                         backend,
                         id,
@@ -222,11 +222,7 @@ impl<B: Backend> Inner<B> {
                 if !self.unmappable(id) || keep.contains(&self.blocks[id].addr) {
                     continue;
                 }
-                let stream = self.segments.expandable_at(self.blocks[id].addr).1.stream;
-                let own = self.blocks[id].stream;
-                let ok = self.done_on(backend, &mut done, own) >= self.blocks.freed_at(id)
-                    && (own == stream || self.done_on(backend, &mut done, stream) == clock);
-                if !ok {
+                if !self.work_done(backend, &mut done, id, clock) {
                     if !busy_pass {
                         continue;
                     }
@@ -234,6 +230,8 @@ impl<B: Backend> Inner<B> {
                         // within the hard cap: grow rather than wait
                         return;
                     }
+                    let stream = self.segments.expandable_at(self.blocks[id].addr).1.stream;
+                    let own = self.blocks[id].stream;
                     // the segment's stream, and the block's own if another
                     let waits: &[B::Stream] = if own == stream {
                         &[stream]
@@ -258,11 +256,28 @@ impl<B: Backend> Inner<B> {
         }
     }
 
-    /// The runs whose physical memory has a ghost mapping among the pages
-    /// that a request of `bytes` at `at` would map, and that page recycling
-    /// may take where they are mapped now (in a free, unmappable block of a
-    /// default pool, outside `keep`): (address, bytes) of each run.
-    fn ghost_sources(&self, at: u64, bytes: u64, keep: &Range<u64>) -> Vec<(u64, u64)> {
+    /// Whether the work on free block `id` is done, so its pages may move
+    /// with no wait: a completion fence of its stream recorded after its
+    /// free has completed, and, when its segment belongs to another stream,
+    /// that stream is idle (`done`: this recycling call's probes, one per
+    /// stream; `clock`: the free clock when the call began).
+    fn work_done(
+        &mut self,
+        backend: &B,
+        done: &mut Vec<(B::Stream, u64)>,
+        id: BlockId,
+        clock: u64,
+    ) -> bool {
+        let stream = self.segments.expandable_at(self.blocks[id].addr).1.stream;
+        let own = self.blocks[id].stream;
+        self.done_on(backend, done, own) >= self.blocks.freed_at(id)
+            && (own == stream || self.done_on(backend, done, stream) == clock)
+    }
+
+    /// Where the physical memory of each ghost wholly among the pages that
+    /// a request of `bytes` at `at` would map is mapped now: (address,
+    /// bytes) of each such run, once each.
+    fn ghost_homes(&self, at: u64, bytes: u64) -> Vec<(u64, u64)> {
         let (_, e) = self.segments.expandable_at(at);
         let lo = ((at - e.start) / e.page) as usize;
         let hi = (at + bytes - e.start).div_ceil(e.page) as usize;
@@ -280,23 +295,13 @@ impl<B: Backend> Inner<B> {
             let Some(&(pages, _, _)) = home.runs.get(&first) else {
                 continue;
             };
-            let (addr, len) = (
+            let run = (
                 home.start + first as u64 * home.page,
                 pages as u64 * home.page,
             );
-            debug_assert_eq!(len, n as u64 * e.page);
-            let Some(id) = self.block_containing(addr) else {
-                continue;
-            };
-            let b = &self.blocks[id];
-            if self.unmappable(id)
-                && !out.contains(&(addr, len))
-                && b.pool == DEFAULT_POOL
-                && !keep.contains(&b.addr)
-                && b.addr <= addr
-                && addr + len <= b.addr + b.size
-            {
-                out.push((addr, len));
+            debug_assert_eq!(run.1, n as u64 * e.page);
+            if !out.contains(&run) {
+                out.push(run);
             }
         }
         out

@@ -514,12 +514,8 @@ impl<B: Backend> Inner<B> {
 
     /// Unmaps every ghost mapping of physical allocation `id`.
     fn drop_ghosts_of(&mut self, vm: &B::VirtualMemory, id: PhysId) {
-        let sites = self
-            .segments
-            .ghost_sites
-            .get(&id)
-            .cloned()
-            .unwrap_or_default();
+        // (out of the index first: `drop_ghost` finds no entry to edit)
+        let sites = self.segments.ghost_sites.remove(&id).unwrap_or_default();
         for (index, at) in sites {
             self.drop_ghost(vm, index, at);
         }
@@ -962,7 +958,7 @@ impl<B: Backend> Inner<B> {
         }
         let expandable = std::mem::take(&mut self.segments.expandable);
         if let Some(vm) = backend.virtual_memory() {
-            let mut handles = Vec::new();
+            // every ghost first: then a run's memory is mapped only there
             for e in expandable.iter().flatten() {
                 for (&i, &(n, _)) in &e.ghosts {
                     keep(
@@ -977,12 +973,9 @@ impl<B: Backend> Inner<B> {
                         vm.unmap(e.start + i as u64 * e.page, n as u64 * e.page)
                             .map_err(Error::from),
                     );
-                    handles.push(h);
+                    keep(vm.release_physical(h).map_err(Error::from));
                 }
                 keep(vm.unreserve(e.start, e.size).map_err(Error::from));
-            }
-            for h in handles {
-                keep(vm.release_physical(h).map_err(Error::from));
             }
         }
         self.segments.ghost_sites.clear();
