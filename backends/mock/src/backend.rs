@@ -371,36 +371,15 @@ impl State {
                         let (id, off) = (m.phys, p.lo - start);
                         if let Some(ph) = self.vmm.physical.get_mut(&id) {
                             if self.race_checking {
-                                let clock = &self.streams[i].clock;
-                                for (a, &(pa, sa, tag)) in ph.last_use.iter().enumerate() {
-                                    let pending = pa > 0
-                                        && self.streams.get(a).is_some_and(|s| s.completed < pa);
-                                    let ordered = clock.get(a).copied().unwrap_or(0) >= pa;
-                                    if a != i && sa != start && tag != u.tag && pending && !ordered
-                                    {
-                                        let at =
-                                            |s: usize, seq: u64, tag: u64, addr: u64| UseSite {
-                                                stream: MockStream(s as u32),
-                                                at: Submitted::Work {
-                                                    stream: MockStream(s as u32),
-                                                    seq,
-                                                },
-                                                tag,
-                                                addr,
-                                                len: p.hi - p.lo,
-                                            };
-                                        self.races.push(Race {
-                                            earlier: at(a, pa, tag, sa + off),
-                                            later: at(i, pos, u.tag, p.lo),
-                                            overlap: (p.lo, p.hi),
-                                            capture_id: None,
-                                        });
-                                    }
-                                }
-                                if ph.last_use.len() <= i {
-                                    ph.last_use.resize(i + 1, (0, 0, 0));
-                                }
-                                ph.last_use[i] = (pos, start, u.tag);
+                                let piece = (p.lo, p.hi);
+                                check_physical_use(
+                                    &self.streams,
+                                    &mut ph.last_use,
+                                    &mut self.races,
+                                    (i, pos, start, off),
+                                    piece,
+                                    u.tag,
+                                );
                             }
                             ph.data.write(off, off + (p.hi - p.lo), u.tag);
                         }
@@ -1513,6 +1492,51 @@ fn site(x: &Access, capture: Option<u64>) -> UseSite {
         addr: x.addr,
         len: x.len,
     }
+}
+
+/// A use by work `pos` of stream `i` of the physical memory at offset
+/// `off` of the mapping at `start` (the piece `[lo, hi)` of the use):
+/// checked against the other streams' last uses of that memory through
+/// another mapping (`last_use`, by stream: position, mapping, tag), which
+/// must be complete or ordered before it (memory mapped at two addresses,
+/// as an allocator's ghost mappings); then recorded as this stream's last.
+fn check_physical_use(
+    streams: &[StreamState],
+    last_use: &mut Vec<(u64, u64, u64)>,
+    races: &mut Vec<Race>,
+    (i, pos, start, off): (usize, u64, u64, u64),
+    (lo, hi): (u64, u64),
+    tag: u64,
+) {
+    let use_of = |stream: usize, pos: u64, tag: u64, addr: u64| Access {
+        who: Who::Work {
+            stream: stream as u32,
+            pos,
+        },
+        stream: stream as u32,
+        tag,
+        addr,
+        len: hi - lo,
+        id: 0,
+    };
+    let clock = &streams[i].clock;
+    for (a, &(pa, sa, ta)) in last_use.iter().enumerate() {
+        let pending = pa > 0 && streams.get(a).is_some_and(|s| s.completed < pa);
+        let ordered = clock.get(a).copied().unwrap_or(0) >= pa;
+        if a != i && sa != start && ta != tag && pending && !ordered {
+            // (the two addresses differ: the overlap is given as the later's)
+            races.push(Race {
+                earlier: site(&use_of(a, pa, ta, sa + off), None),
+                later: site(&use_of(i, pos, tag, lo), None),
+                overlap: (lo, hi),
+                capture_id: None,
+            });
+        }
+    }
+    if last_use.len() <= i {
+        last_use.resize(i + 1, (0, 0, 0));
+    }
+    last_use[i] = (pos, start, tag);
 }
 
 fn make_race(earlier: &Access, later: &Access, capture: Option<u64>) -> Race {
