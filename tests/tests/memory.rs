@@ -121,6 +121,32 @@ fn ghost_mappings_bring_memory_back_without_a_driver_call() {
     d.drop_without_vmm_leaks();
 }
 
+/// On a full device, recycled memory that the new mapping cannot use
+/// (a 24 MiB run, where 4 MiB are to be mapped) is released before the
+/// mapping's own memory is created, not after it fails: the request is
+/// served at once, with no out-of-memory retry of the ladder.
+#[test]
+fn recycled_memory_the_mapping_cannot_use_makes_room_first() {
+    let d = Dev::with_capacity(CACHALOT, 52 * MIB);
+    let s1 = d.stream();
+    let a = d.alloc(48 * MIB); // a large mapping: two runs of 24 MiB
+    let sep = d.alloc(2 * MIB);
+    d.free(a);
+    let creates = d.m.call_count(MockCall::CreatePhysical);
+    let b = d.alloc_on(4 * MIB, s1); // past the peak: a's runs recycle
+    assert_eq!(d.a.stats().num_alloc_retries, 0, "no ladder retry");
+    assert_eq!(
+        d.m.call_count(MockCall::CreatePhysical) - creates,
+        2,
+        "one refused, then one made after the release"
+    );
+    assert_eq!(reserved(&d), 6 * MIB as i64);
+    for p in [b, sep] {
+        d.free(p);
+    }
+    d.drop_without_vmm_leaks();
+}
+
 /// A driver that refuses to map physical memory that is still mapped
 /// elsewhere (a ghost) does not fail the allocation: the memory's ghost is
 /// unmapped, the mapping is made again, and no ghost is made from then on.
