@@ -197,8 +197,9 @@ fn one_thread_on_four_shards_keeps_peaks_exact() {
 /// (a barrier between steps): the allocated-bytes peak follows that order
 /// exactly, on the fast path. Overlapping lifetimes peak at the sum;
 /// disjoint ones at the larger (a merge that ignored the time stamps would
-/// get one of the two wrong). Both with the shared mirror (two threads
-/// that never meet inside a fast operation) and with the logs.
+/// get one of the two wrong). Both starting on the shared mirror (the
+/// threads' turns, an operation or two each, hand it over until the
+/// shards log) and with the logs from the start.
 #[test]
 fn peaks_follow_the_order_of_operations_across_threads() {
     for logs in [false, true] {
@@ -268,6 +269,105 @@ fn peaks_follow_the_order(logs: bool) {
     if logs {
         assert!(a.shards_log());
     }
+    a.check_invariants().unwrap();
+}
+
+/// Threads taking turns by phases on two streams (a forward thread and an
+/// autograd thread): each phase a new thread runs 3,000 operations on its
+/// stream, keeping a few blocks live into the next phases. The shared
+/// mirror passes from thread to thread (no logs), and the requested-bytes
+/// current and peak follow the program's order exactly after every phase.
+/// Then two threads on the same allocator taking turns operation by
+/// operation (a barrier between them) make the shards log, and the stats
+/// stay exact.
+#[test]
+fn threads_taking_turns_by_phases_hand_the_shared_mirror_over() {
+    use cachalot_core::PathCounts;
+    use std::sync::Barrier;
+    let m = MockConfig::new(16 * GIB).build();
+    let a = CachingAllocator::with_config(m.clone(), AllocatorConfig::default()).unwrap();
+    let (s1, s2) = (m.create_stream(), m.create_stream());
+    for s in [s1, s2] {
+        let p = a.allocate(64 << 20, s).unwrap();
+        a.free(p).unwrap();
+    }
+    a.reset_peak_stats();
+    let handovers = a.shared_mirror_handovers();
+    let (mut cur, mut peak) = (0i64, 0i64);
+    let mut held: Vec<u64> = Vec::new();
+    for phase in 0..6u64 {
+        let s = if phase % 2 == 0 { s1 } else { s2 };
+        let (a, start) = (&a, (cur, peak));
+        let (kept, (c, pk), d) = std::thread::scope(|sc| {
+            sc.spawn(move || {
+                let before = PathCounts::this_thread();
+                let (mut c, mut pk) = start;
+                let mut mine: std::collections::VecDeque<(u64, i64)> = Default::default();
+                for i in 0..1500u64 {
+                    let size = 4096 * (1 + (i * 7 + phase) % 11);
+                    let p = a.allocate(size, s).unwrap();
+                    c += size as i64;
+                    pk = pk.max(c);
+                    mine.push_back((p, size as i64));
+                    if mine.len() > 3 {
+                        let (q, z) = mine.pop_front().unwrap();
+                        a.free(q).unwrap();
+                        c -= z;
+                    }
+                }
+                let kept: Vec<u64> = mine.into_iter().map(|(p, _)| p).collect();
+                (kept, (c, pk), PathCounts::this_thread().since(&before))
+            })
+            .join()
+            .unwrap()
+        });
+        held.extend(kept);
+        (cur, peak) = (c, pk);
+        let st = a.stats();
+        assert_eq!(st.requested_bytes.all().current, cur, "phase {phase}");
+        assert_eq!(st.requested_bytes.all().peak, peak, "phase {phase}");
+        assert!(d.fast > d.device * 20, "phase {phase}: {d:?}");
+        assert_eq!(d.flushes, 0, "phase {phase}: {d:?}");
+        assert!(!a.shards_log(), "phase {phase}");
+        a.check_invariants().unwrap();
+    }
+    // the mirror passed at least once per phase after the first
+    assert!(a.shared_mirror_handovers() - handovers >= 5);
+    // now operation by operation: two threads, a barrier between turns
+    let bar = Barrier::new(2);
+    let turns: Vec<(u64, i64)> = std::thread::scope(|sc| {
+        let hs: Vec<_> = [(s1, 0u64), (s2, 1)]
+            .into_iter()
+            .map(|(s, me)| {
+                let (a, bar) = (&a, &bar);
+                sc.spawn(move || {
+                    let mut out = Vec::new();
+                    for turn in 0..40u64 {
+                        if turn % 2 == me {
+                            let p = a.allocate(8192, s).unwrap();
+                            a.free(p).unwrap();
+                            out.push((turn, 8192));
+                        }
+                        bar.wait();
+                    }
+                    out
+                })
+            })
+            .collect();
+        hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(turns.len(), 40);
+    assert!(
+        a.shards_log(),
+        "turns of an operation each make the shards log"
+    );
+    let st = a.stats();
+    assert_eq!(st.requested_bytes.all().current, cur);
+    assert_eq!(st.requested_bytes.all().peak, peak.max(cur + 8192));
+    for p in held {
+        a.free(p).unwrap();
+    }
+    assert_eq!(a.stats().requested_bytes.all().current, 0);
     a.check_invariants().unwrap();
 }
 

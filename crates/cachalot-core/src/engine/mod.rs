@@ -142,9 +142,9 @@ pub struct CachingAllocator<B: Backend> {
     /// logs (a leaf lock: `stat_log::Folds`).
     folds: Mutex<stat_log::Folds>,
     /// The shared mirror of the shards' fast operations while one thread
-    /// runs them on several streams (`shard::Logging::Shared`; a leaf
-    /// lock, only ever tried by the fast path), folded at check-in.
-    shared: Padded<Mutex<shard::Mirror>>,
+    /// runs them on several streams (`shard::Logging::Shared`; owned by
+    /// that thread, no lock), folded at check-in.
+    shared: Padded<shard::SharedMirror>,
     /// This allocator's key in the thread-local shard hints.
     id: u64,
     /// Whether the fast path is on (set by the device path at every
@@ -285,7 +285,7 @@ impl<B: Backend> CachingAllocator<B> {
             // (what the shards summed in the shared mirror: no shard logged
             // meanwhile, `Logging`)
             let inner = &mut *inner;
-            sync::lock(&self.shared.0).fold_into(&mut inner.stats);
+            self.shared.0.fold_into(&mut inner.stats);
             shards
         });
         DeviceGuard {
@@ -335,7 +335,7 @@ impl<B: Backend> CachingAllocator<B> {
             inner: Mutex::new(inner),
             shards: shards.into_iter().map(|s| Padded(Mutex::new(s))).collect(),
             folds: Mutex::new(stat_log::Folds::default()),
-            shared: Padded(Mutex::new(shard::Mirror::default())),
+            shared: Padded(shard::SharedMirror::default()),
             id,
             fast: AtomicBool::new(false),
             backend,
@@ -455,7 +455,7 @@ impl<B: Backend> CachingAllocator<B> {
     ) -> Result<T, shard::Miss> {
         let mut r = Err(miss);
         if miss == shard::Miss::Thread {
-            self.start_logging();
+            self.handover();
             r = self.shard_op(k, op);
         }
         if matches!(r, Err(shard::Miss::Full)) {
@@ -468,8 +468,40 @@ impl<B: Backend> CachingAllocator<B> {
         r
     }
 
-    /// Two threads' fast operations met on the shared mirror: the device
-    /// path folds it and checks the shards out again to log
+    /// A thread's fast operation found the shared mirror another thread's
+    /// (`shard::SharedMirror`): the device path folds it, then hands it
+    /// over (the next fast operation's thread claims it), unless this is
+    /// the [`shard::SHORT_TURNS`]-th short turn in a row (its owner ran
+    /// fewer than [`shard::SHORT_TURN`] fast operations since it claimed
+    /// it): then the threads run at once, operation by operation, and the
+    /// shards are checked out again to log (`shard::Logging::Log`), for
+    /// good.
+    #[cold]
+    #[inline(never)]
+    fn handover(&self) {
+        let mut g = self.lock();
+        if g.multi_thread {
+            return;
+        }
+        if self.shared.0.ops() < shard::SHORT_TURN {
+            g.short_turns += 1;
+        } else {
+            g.short_turns = 0;
+        }
+        if g.short_turns >= shard::SHORT_TURNS {
+            tracing::debug!(
+                "fast operations of two threads take turns: the shards log from now on"
+            );
+            g.multi_thread = true;
+        } else {
+            // (folded by `lock`, which holds every shard a fast operation
+            // can write from)
+            self.shared.0.reset();
+            g.handovers += 1;
+        }
+    }
+
+    /// Makes the shards log their fast operations from now on
     /// (`shard::Logging::Log`), for good.
     #[cold]
     fn start_logging(&self) {
@@ -481,7 +513,8 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// Whether the shards log their fast operations' stat transitions
-    /// (several threads' fast operations have met), rather than sum them in
+    /// (several threads' fast operations took turns operation by
+    /// operation), rather than sum them in
     /// a mirror (one shard out, or one thread on several streams). A
     /// testing hook (`docs/design-shards.md`, "One thread, several
     /// streams").
@@ -509,8 +542,16 @@ impl<B: Backend> CachingAllocator<B> {
         self.lock().segments.ghost_count
     }
 
+    /// The times the shared mirror passed from one thread to another
+    /// (`docs/design-shards.md`, "One thread, several streams"). A testing
+    /// hook.
+    #[doc(hidden)]
+    pub fn shared_mirror_handovers(&self) -> u64 {
+        self.lock().handovers
+    }
+
     /// Makes the shards log from now on, as after two threads' fast
-    /// operations met on the shared mirror. A testing hook: the logs and
+    /// operations took turns on the shared mirror. A testing hook: the logs and
     /// their flushes run on one thread, deterministically.
     #[doc(hidden)]
     pub fn force_shard_logs(&self) {

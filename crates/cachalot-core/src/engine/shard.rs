@@ -34,7 +34,7 @@ use crate::engine::rounding::{MIN_BLOCK_SIZE, SMALL_SIZE, round_size};
 use crate::engine::stat_log::{
     AllocTransitions, Entry, FreeTransitions, LOG_CAP, Rec, Window, now, replay, seqs_of,
 };
-use crate::engine::sync::{Mutex, MutexGuard, try_lock};
+use crate::engine::sync::{AtomicBool, AtomicI64, AtomicU64};
 use crate::stats::StatType;
 
 /// Number of shards (and of parts of the slab and the live map). Streams
@@ -68,14 +68,17 @@ pub(crate) enum Logging {
     /// so its fast operations sum their transitions in [`Shard::mirror`]
     /// directly, with no log and no clock.
     Solo,
-    /// Several shards are out, and no two fast operations have met yet
+    /// Several shards are out, and one thread runs their fast operations
     /// (one thread on several streams, as a training loop with a side
-    /// stream): each sums its transitions into the allocator's one shared
-    /// [`Mirror`], under that mirror's lock, taken with `try_lock` (its
-    /// lock order is the operations' order, so the sums and peaks are
-    /// exact, with no log and no clock). A fast operation that finds it
-    /// taken changes nothing ([`Miss::Thread`]): from then on the shards
-    /// log (`Inner::multi_thread`).
+    /// stream): it sums their transitions into the allocator's one
+    /// [`SharedMirror`], which it owns (claimed by its first fast
+    /// operation), with no lock: the owner's operations are ordered by
+    /// its own program order, so the sums and peaks are exact, with no
+    /// log and no clock. Another thread's fast operation changes nothing
+    /// ([`Miss::Thread`]): the device hands the mirror over, or, when the
+    /// owner had run only a few operations since it claimed it (threads
+    /// taking turns operation by operation), makes the shards log from
+    /// then on (`Inner::multi_thread`).
     Shared,
     /// Several threads run fast operations at once: each appends its
     /// transitions, time-stamped, to its shard's log (`stat_log.rs`).
@@ -83,9 +86,8 @@ pub(crate) enum Logging {
 }
 
 /// A running sum of fast operations' stat transitions (a [`Window`]) and
-/// whether it holds any: a solo shard's own ([`Shard::mirror`]), or the
-/// allocator's shared one ([`Logging::Shared`]), folded into the device's
-/// stats at check-in.
+/// whether it holds any: a solo shard's own ([`Shard::mirror`]), folded
+/// into the device's stats at check-in.
 #[derive(Default)]
 pub(crate) struct Mirror {
     /// The sums, in the order the transitions happened.
@@ -110,6 +112,89 @@ impl Mirror {
     }
 }
 
+/// A turn of a thread on the [`SharedMirror`] (the fast operations it ran
+/// from its claim to the next handover) shorter than this is short. (Under
+/// the model check, a few: its schedules take both ways.)
+pub(crate) const SHORT_TURN: u64 = if cfg!(feature = "shuttle") { 8 } else { 1024 };
+
+/// Short turns in a row after which the threads are taken to run at once,
+/// operation by operation: the shards log instead of handing the mirror
+/// over. (More than one: a main thread's few operations of setup before
+/// its workers start are one short turn.)
+pub(crate) const SHORT_TURNS: u32 = 3;
+
+/// The allocator's one mirror for [`Logging::Shared`]: the sums of the
+/// fast operations of one thread, its owner, on several shards, written
+/// by the owner alone with relaxed loads and stores (no lock, no
+/// read-modify-write: the window's numbers, [`Window`]), and folded by the
+/// device at check-in.
+///
+/// Why it is exact: a thread writes here only while it owns the mirror
+/// and holds the lock of the shard it operates on; ownership is claimed
+/// with a compare-and-swap from "nobody" and given back only by the device
+/// ([`Self::reset`]), which holds every shard lock that a fast operation
+/// can hold then. So one thread writes between two device passes, in its
+/// program order, and each of its writes is ordered before the device's
+/// reads by the shard lock it held.
+#[derive(Default)]
+pub(crate) struct SharedMirror {
+    /// The owner's thread token ([`thread_token`]); 0: nobody.
+    owner: AtomicU64,
+    /// The owner's fast operations since it claimed the mirror.
+    ops: AtomicU64,
+    /// The sums.
+    window: Window<AtomicI64>,
+    /// The window changed since it was last folded.
+    dirty: AtomicBool,
+}
+
+impl SharedMirror {
+    /// The mirror, for this thread's fast operation: `None` if another
+    /// thread owns it (claimed now if nobody does).
+    #[inline(always)]
+    fn claim(&self) -> Option<&Self> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let me = thread_token();
+        let o = self.owner.load(Relaxed);
+        if o == me || (o == 0 && self.owner.compare_exchange(0, me, Relaxed, Relaxed).is_ok()) {
+            Some(self)
+        } else {
+            None
+        }
+    }
+
+    /// Adds one operation's transitions (by the owner).
+    #[inline(always)]
+    fn add(&self, rec: &Rec) {
+        use std::sync::atomic::Ordering::Relaxed;
+        rec.apply(&mut &self.window);
+        self.ops.store(self.ops.load(Relaxed) + 1, Relaxed);
+        self.dirty.store(true, Relaxed);
+    }
+
+    /// The owner's fast operations since it claimed the mirror.
+    pub(crate) fn ops(&self) -> u64 {
+        self.ops.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Folds the sums into `stats` (if any) and empties the window (the
+    /// device, holding every shard lock a fast operation can hold).
+    pub(crate) fn fold_into(&self, stats: &mut crate::stats::DeviceStats) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.dirty.swap(false, Relaxed) {
+            self.window.fold_and_clear(stats);
+        }
+    }
+
+    /// Gives the mirror back to nobody (the device, as for
+    /// [`Self::fold_into`]): the next fast operation's thread claims it.
+    pub(crate) fn reset(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.owner.store(0, Relaxed);
+        self.ops.store(0, Relaxed);
+    }
+}
+
 /// Why a fast operation did not run (nothing was changed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Miss {
@@ -120,10 +205,9 @@ pub(crate) enum Miss {
     /// The shard's stat log is full: once the device has taken it, the
     /// operation can run here.
     Full,
-    /// The shared mirror ([`Logging::Shared`]) is taken: by a fast
-    /// operation of another shard running at the same moment (or, for a
-    /// shard that holds nothing, by the device folding it). Once the
-    /// shards log, the operation can run here.
+    /// The shared mirror ([`Logging::Shared`]) is another thread's. Once
+    /// the device has handed it over, or the shards log, the operation can
+    /// run here.
     Thread,
 }
 
@@ -187,7 +271,7 @@ impl<S: Copy + Ord> Shard<S> {
     /// allocator's shared mirror ([`Logging::Shared`]). An error: nothing
     /// was changed.
     #[inline]
-    pub fn try_alloc(&mut self, size: u64, stream: S, shared: &Mutex<Mirror>) -> Result<u64, Miss> {
+    pub fn try_alloc(&mut self, size: u64, stream: S, shared: &SharedMirror) -> Result<u64, Miss> {
         // (one copy per way of logging: the solo path stays as it was)
         if self.view.logging == Logging::Shared {
             self.alloc_with::<true>(size, stream, shared)
@@ -202,7 +286,7 @@ impl<S: Copy + Ord> Shard<S> {
         &mut self,
         size: u64,
         stream: S,
-        shared: &Mutex<Mirror>,
+        shared: &SharedMirror,
     ) -> Result<u64, Miss> {
         if !self.view.ok {
             return Err(Miss::Device);
@@ -222,24 +306,21 @@ impl<S: Copy + Ord> Shard<S> {
         else {
             return Err(Miss::Device);
         };
-        let mut shared = Self::shared_sink::<SHARED>(shared)?;
-        self.alloc_found(peeked, size, rounded, stream, shared.as_deref_mut())
+        let shared = Self::shared_sink::<SHARED>(shared)?;
+        self.alloc_found(peeked, size, rounded, stream, shared)
     }
 
-    /// The shared mirror, taken, while this shard writes there
-    /// ([`Logging::Shared`]; else `None`); [`Miss::Thread`] if another
-    /// shard's fast operation holds it.
+    /// The shared mirror, claimed by this thread, while the shards write
+    /// there ([`Logging::Shared`]; else `None`); [`Miss::Thread`] if
+    /// another thread owns it.
     #[inline(always)]
     fn shared_sink<const SHARED: bool>(
-        shared: &Mutex<Mirror>,
-    ) -> Result<Option<MutexGuard<'_, Mirror>>, Miss> {
+        shared: &SharedMirror,
+    ) -> Result<Option<&SharedMirror>, Miss> {
         if !SHARED {
             return Ok(None);
         }
-        match try_lock(shared) {
-            Some(g) => Ok(Some(g)),
-            None => Err(Miss::Thread),
-        }
+        shared.claim().map(Some).ok_or(Miss::Thread)
     }
 
     /// [`Self::try_alloc`] with expandable segments: the engine's
@@ -251,7 +332,7 @@ impl<S: Copy + Ord> Shard<S> {
         size: u64,
         rounded: u64,
         stream: S,
-        shared: &Mutex<Mirror>,
+        shared: &SharedMirror,
     ) -> Result<u64, Miss> {
         let small = rounded <= SMALL_SIZE;
         let free = &self.free[small as usize];
@@ -261,14 +342,14 @@ impl<S: Copy + Ord> Shard<S> {
         if !FitRule::of(&self.view.config).accepts(rounded, found.size) {
             return Err(Miss::Device);
         }
-        let mut shared = Self::shared_sink::<SHARED>(shared)?;
-        self.alloc_found(ByKey(found), size, rounded, stream, shared.as_deref_mut())
+        let shared = Self::shared_sink::<SHARED>(shared)?;
+        self.alloc_found(ByKey(found), size, rounded, stream, shared)
     }
 
     /// Hands out the block `how` found for a request of `size` bytes
     /// (`rounded`) on `stream`: the rest of [`Self::try_alloc`] (the
     /// engine's `alloc_found_block`), one copy per way of taking it;
-    /// `shared`: the shared mirror, taken ([`Self::shared_sink`]).
+    /// `shared`: the shared mirror, claimed ([`Self::shared_sink`]).
     #[inline(always)]
     fn alloc_found<T: Take>(
         &mut self,
@@ -276,7 +357,7 @@ impl<S: Copy + Ord> Shard<S> {
         size: u64,
         rounded: u64,
         stream: S,
-        shared: Option<&mut Mirror>,
+        shared: Option<&SharedMirror>,
     ) -> Result<u64, Miss> {
         let cfg = &self.view.config;
         let small = rounded <= SMALL_SIZE;
@@ -338,7 +419,7 @@ impl<S: Copy + Ord> Shard<S> {
     /// merges, filing and stats as the engine's `free` and `free_block`.
     /// `shared`: as for [`Self::try_alloc`]. An error: nothing was changed.
     #[inline]
-    pub fn try_free(&mut self, addr: u64, shared: &Mutex<Mirror>) -> Result<(), Miss> {
+    pub fn try_free(&mut self, addr: u64, shared: &SharedMirror) -> Result<(), Miss> {
         if self.view.logging == Logging::Shared {
             self.free_with::<true>(addr, shared)
         } else {
@@ -351,7 +432,7 @@ impl<S: Copy + Ord> Shard<S> {
     fn free_with<const SHARED: bool>(
         &mut self,
         addr: u64,
-        shared: &Mutex<Mirror>,
+        shared: &SharedMirror,
     ) -> Result<(), Miss> {
         if !self.view.ok {
             return Err(Miss::Device);
@@ -373,11 +454,11 @@ impl<S: Copy + Ord> Shard<S> {
             return Err(Miss::Device);
         }
         let expandable = b.expandable;
-        let mut shared = Self::shared_sink::<SHARED>(shared)?;
+        let shared = Self::shared_sink::<SHARED>(shared)?;
         if expandable {
-            self.free_found::<true>(slot, id, shared.as_deref_mut());
+            self.free_found::<true>(slot, id, shared);
         } else {
-            self.free_found::<false>(slot, id, shared.as_deref_mut());
+            self.free_found::<false>(slot, id, shared);
         }
         Ok(())
     }
@@ -392,7 +473,7 @@ impl<S: Copy + Ord> Shard<S> {
         &mut self,
         slot: Slot,
         id: BlockId,
-        shared: Option<&mut Mirror>,
+        shared: Option<&SharedMirror>,
     ) {
         let expandable = EXPANDABLE;
         let b = &self.slab[id];
@@ -497,11 +578,11 @@ impl<S: Copy + Ord> Shard<S> {
     }
 
     /// Records a fast operation's transitions ([`Logging`]): into the
-    /// shared mirror when given (taken before the commit), into the
+    /// shared mirror when given (claimed before the commit), into the
     /// shard's own while it is the only one out, else appended to the log
     /// (room was checked before the commit) with a time stamp.
     #[inline(always)]
-    fn log(&mut self, rec: Rec, shared: Option<&mut Mirror>) {
+    fn log(&mut self, rec: Rec, shared: Option<&SharedMirror>) {
         if let Some(m) = shared {
             m.add(&rec);
             return;
@@ -724,6 +805,27 @@ pub(crate) fn count_path(i: usize) {
         v[i] += 1;
         c.set(v);
     });
+}
+
+engine_thread_local! {
+    /// This thread's token for [`SharedMirror`] ownership (0 until first
+    /// asked for).
+    static TOKEN: Cell<u64> = Cell::new(0);
+}
+
+/// This thread's token: unique among the process's threads, never 0.
+#[inline(always)]
+pub(crate) fn thread_token() -> u64 {
+    TOKEN.with(|t| {
+        let v = t.get();
+        if v != 0 {
+            return v;
+        }
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let v = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        t.set(v);
+        v
+    })
 }
 
 /// Entries of the thread-local hint.
@@ -967,8 +1069,8 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
         self.fast_on = true;
         // one shard out alone: no other can log while it is (a shard held
         // but not occupied holds nothing, so it serves and logs nothing);
-        // several, and no two fast operations have met yet: the shared
-        // mirror
+        // several, and no two threads have taken turns operation by
+        // operation yet: the shared mirror
         let logging = if self.occupied.count_ones() <= 1 {
             Logging::Solo
         } else if self.multi_thread {

@@ -17,8 +17,8 @@
 //! sums its transitions directly instead (`Shard::mirror`, a [`Window`]
 //! folded at check-in): no log, no stamp. Several shards out, used by one
 //! thread at a time (`Logging::Shared`), sum theirs into one shared
-//! mirror under a try-locked leaf lock, and log only once two threads'
-//! fast operations have met there.
+//! mirror owned by that thread (`shard::SharedMirror`), and log only once
+//! two threads take turns there operation by operation.
 //!
 //! The device replays everything at check-in (every shard held: the stats
 //! are exact for the engine's own code). A log that fills up
@@ -35,8 +35,12 @@
 //! other log's head.
 #![forbid(unsafe_code)]
 
+use std::cell::Cell;
+use std::sync::atomic::Ordering;
+
 use crate::engine::accounting::{Arr, StatSink};
 use crate::engine::shard::SHARDS;
+use crate::engine::sync::AtomicI64;
 use crate::stats::{DeviceStats, StatType};
 
 /// Entries a shard's log holds (allocated once, at the shard's creation:
@@ -348,7 +352,7 @@ pub(crate) fn seqs_of<'a>(
 pub(crate) fn replay(stats: &mut DeviceStats, seqs: &[&[Entry]; 2 * SHARDS]) {
     let total: usize = seqs.iter().map(|s| s.len()).sum();
     if total >= WINDOW_MIN {
-        let mut w = Window::default();
+        let mut w: Window = Window::default();
         merge(&mut w, seqs);
         w.fold(stats);
     } else if total > 0 {
@@ -391,45 +395,85 @@ impl Apply for DeviceStats {
     }
 }
 
+/// One number of a [`Window`], read and written through a shared
+/// reference: a [`Cell`] (plain memory) for the windows of one thread at a
+/// time (a solo shard's mirror, the device's replays), an atomic read and
+/// written with relaxed loads and stores, never a read-modify-write (plain
+/// moves on x86-64 and ARM), for the shared mirror
+/// ([`SharedMirror`](crate::engine::shard::SharedMirror)), which the
+/// thread that owns it writes without a lock. Each of the owner's writes
+/// is ordered before any other thread's read by a shard lock (the writer
+/// holds one; the reader, the device, holds them all).
+pub(crate) trait Num: Default {
+    /// The value.
+    fn get(&self) -> i64;
+    /// Sets the value.
+    fn set(&self, v: i64);
+}
+
+impl Num for Cell<i64> {
+    #[inline(always)]
+    fn get(&self) -> i64 {
+        Cell::get(self)
+    }
+    #[inline(always)]
+    fn set(&self, v: i64) {
+        Cell::set(self, v)
+    }
+}
+
+impl Num for AtomicI64 {
+    #[inline(always)]
+    fn get(&self) -> i64 {
+        self.load(Ordering::Relaxed)
+    }
+    #[inline(always)]
+    fn set(&self, v: i64) {
+        self.store(v, Ordering::Relaxed)
+    }
+}
+
 /// One kind of change of one pool kind over a replay: its running sum from
 /// the replay's start, the sum's highest value (from 0, the empty prefix)
 /// and the sum of its increases (that of its decreases is `pos - cur`).
-#[derive(Clone, Copy, Debug, Default)]
-struct Run {
-    cur: i64,
-    max: i64,
-    pos: i64,
+#[derive(Debug, Default)]
+struct Run<N> {
+    cur: N,
+    max: N,
+    pos: N,
 }
 
 /// One kind of change over a replay: a [`Run`] per pool kind `[small,
 /// large]`, and the highest value of their sum (the "all" stat's running
 /// sum, whose other figures are the pools' sums).
-#[derive(Clone, Copy, Debug, Default)]
-struct KindRun {
-    pool: [Run; 2],
-    all_max: i64,
+#[derive(Debug, Default)]
+struct KindRun<N> {
+    pool: [Run<N>; 2],
+    all_max: N,
 }
 
-impl KindRun {
+impl<N: Num> KindRun<N> {
     #[inline(always)]
-    fn inc(&mut self, p: usize, n: i64) {
-        let r = &mut self.pool[p];
-        r.cur += n;
-        r.pos += n;
-        if r.cur > r.max {
-            r.max = r.cur;
+    fn inc(&self, p: usize, n: i64) {
+        let r = &self.pool[p];
+        let cur = r.cur.get() + n;
+        r.cur.set(cur);
+        r.pos.set(r.pos.get() + n);
+        if cur > r.max.get() {
+            r.max.set(cur);
         }
-        let all = self.pool[0].cur + self.pool[1].cur;
-        if all > self.all_max {
-            self.all_max = all;
+        let all = self.pool[0].cur.get() + self.pool[1].cur.get();
+        if all > self.all_max.get() {
+            self.all_max.set(all);
         }
     }
     #[inline(always)]
-    fn dec(&mut self, p: usize, n: i64) {
-        self.pool[p].cur -= n;
+    fn dec(&self, p: usize, n: i64) {
+        let r = &self.pool[p].cur;
+        r.set(r.get() - n);
     }
     #[inline(always)]
-    fn upd(&mut self, p: usize, d: i64) {
+    fn upd(&self, p: usize, d: i64) {
         if d > 0 {
             self.inc(p, d)
         } else {
@@ -445,9 +489,9 @@ impl KindRun {
 /// its value before plus the sum's highest value: the same peak, current
 /// and cumulative counts as applying each entry's transitions in turn.
 #[derive(Debug, Default)]
-pub(crate) struct Window {
-    kinds: [KindRun; 5],
-    oversize: Run,
+pub(crate) struct Window<N = Cell<i64>> {
+    kinds: [KindRun<N>; 5],
+    oversize: Run<N>,
 }
 
 /// The kind of change a transition of `arr` is written to in a
@@ -472,13 +516,13 @@ const ARR_KIND: [(Arr, usize); 7] = [
     (Arr::InactiveSplitBytes, 4),
 ];
 
-impl Apply for Window {
+impl<N: Num> Apply for Window<N> {
     /// The next entry in replay order.
     #[inline(always)]
     fn add(&mut self, e: &Entry) {
         debug_assert!(e.pool == 1 || e.pool == 2);
         let p = (e.pool != 1) as usize;
-        let k = &mut self.kinds;
+        let k = &self.kinds;
         if e.count > 0 {
             // a hit: the count, bytes and request rise
             debug_assert!(e.bytes >= 0 && e.requested >= 0);
@@ -495,7 +539,7 @@ impl Apply for Window {
         k[3].upd(p, e.split_count as i64);
         k[4].upd(p, e.split_bytes);
         if e.oversize != 0 {
-            StatSink::oversize(self, e.oversize as i64);
+            self.oversize_by(e.oversize as i64);
         }
     }
 }
@@ -505,33 +549,88 @@ impl Apply for Window {
 /// stats. `active` and `active_bytes` move with `allocation` and
 /// `allocated_bytes` on the fast path (the window keeps one sum for each
 /// pair), so their transitions are not written twice.
-impl StatSink for Window {
+impl<N: Num> StatSink for Window<N> {
     #[inline(always)]
     fn inc(&mut self, arr: Arr, st: StatType, n: i64) {
+        self.inc_at(arr, st, n)
+    }
+    #[inline(always)]
+    fn dec(&mut self, arr: Arr, st: StatType, n: i64) {
+        self.dec_at(arr, st, n)
+    }
+    #[inline(always)]
+    fn oversize(&mut self, d: i64) {
+        self.oversize_by(d)
+    }
+}
+
+/// The shared mirror's window, written through a shared reference by the
+/// thread that owns the mirror (`shard::SharedMirror`).
+impl<N: Num> StatSink for &Window<N> {
+    #[inline(always)]
+    fn inc(&mut self, arr: Arr, st: StatType, n: i64) {
+        self.inc_at(arr, st, n)
+    }
+    #[inline(always)]
+    fn dec(&mut self, arr: Arr, st: StatType, n: i64) {
+        self.dec_at(arr, st, n)
+    }
+    #[inline(always)]
+    fn oversize(&mut self, d: i64) {
+        self.oversize_by(d)
+    }
+}
+
+impl<N: Num> Window<N> {
+    /// [`StatSink::inc`].
+    #[inline(always)]
+    fn inc_at(&self, arr: Arr, st: StatType, n: i64) {
         if let Some(k) = written_kind(arr) {
             self.kinds[k].inc((st != StatType::SmallPool) as usize, n);
         }
     }
+
+    /// [`StatSink::dec`].
     #[inline(always)]
-    fn dec(&mut self, arr: Arr, st: StatType, n: i64) {
+    fn dec_at(&self, arr: Arr, st: StatType, n: i64) {
         if let Some(k) = written_kind(arr) {
             self.kinds[k].dec((st != StatType::SmallPool) as usize, n);
         }
     }
-    #[inline(always)]
-    fn oversize(&mut self, d: i64) {
-        let r = &mut self.oversize;
-        r.cur += d;
-        r.pos += d.max(0);
-        r.max = r.max.max(r.cur);
-    }
-}
 
-impl Window {
+    /// [`StatSink::oversize`].
+    #[inline(always)]
+    fn oversize_by(&self, d: i64) {
+        let r = &self.oversize;
+        let cur = r.cur.get() + d;
+        r.cur.set(cur);
+        r.pos.set(r.pos.get() + d.max(0));
+        r.max.set(r.max.get().max(cur));
+    }
+
     /// Folds the window into `stats` and empties it.
     pub(crate) fn take_into(&mut self, stats: &mut DeviceStats) {
         self.fold(stats);
         *self = Window::default();
+    }
+
+    /// Folds the window into `stats` and empties it, through a shared
+    /// reference (the shared mirror's, by the device).
+    pub(crate) fn fold_and_clear(&self, stats: &mut DeviceStats) {
+        self.fold(stats);
+        let runs = self
+            .kinds
+            .iter()
+            .flat_map(|k| &k.pool)
+            .chain([&self.oversize]);
+        for r in runs {
+            for n in [&r.cur, &r.max, &r.pos] {
+                n.set(0);
+            }
+        }
+        for k in &self.kinds {
+            k.all_max.set(0);
+        }
     }
 
     /// Writes the replay's changes to `stats`.
@@ -546,13 +645,23 @@ impl Window {
             let k = &self.kinds[kind];
             let [all, small, large] = &mut stats.array_mut(arr).0;
             for (s, r) in [small, large].into_iter().zip(&k.pool) {
-                fold_one(s, r.cur, r.max, r.pos);
+                fold_one(s, r.cur.get(), r.max.get(), r.pos.get());
             }
             let (a, b) = (&k.pool[0], &k.pool[1]);
-            fold_one(all, a.cur + b.cur, k.all_max, a.pos + b.pos);
+            fold_one(
+                all,
+                a.cur.get() + b.cur.get(),
+                k.all_max.get(),
+                a.pos.get() + b.pos.get(),
+            );
         }
         let o = &self.oversize;
-        fold_one(&mut stats.oversize_allocations, o.cur, o.max, o.pos);
+        fold_one(
+            &mut stats.oversize_allocations,
+            o.cur.get(),
+            o.max.get(),
+            o.pos.get(),
+        );
     }
 }
 
@@ -824,22 +933,32 @@ mod tests {
 
     /// The solo shard's window (transitions written straight into it,
     /// folded at check-in) gives the stats of applying them to the device,
-    /// from a state with history, over many check-out/check-in cycles.
+    /// from a state with history, over many check-out/check-in cycles; so
+    /// does the shared mirror's (atomic numbers, written and folded through
+    /// a shared reference).
     #[test]
     fn a_solo_window_folds_to_the_transitions_applied_in_turn() {
+        folds_in_turn::<Cell<i64>>(|w, rec| rec.apply(w), |w, dev| w.take_into(dev));
+        folds_in_turn::<AtomicI64>(|w, rec| rec.apply(&mut &*w), |w, dev| w.fold_and_clear(dev));
+    }
+
+    fn folds_in_turn<N: Num>(
+        add: impl Fn(&mut Window<N>, &Rec),
+        fold: impl Fn(&mut Window<N>, &mut DeviceStats),
+    ) {
         let mut next = xorshift(0x1234_5678_9abc_def1);
         let mut dev = stats_with_history();
         dev.reset_accumulated();
         let mut want = dev.clone();
-        let mut mirror = Window::default();
+        let mut mirror = Window::<N>::default();
         let mut live = Vec::new();
         for round in 0..200 {
             for _ in 0..(next() % 40) {
                 let rec = random_rec(&mut next, &mut live);
-                rec.apply(&mut mirror);
+                add(&mut mirror, &rec);
                 rec.apply(&mut want);
             }
-            mirror.take_into(&mut dev);
+            fold(&mut mirror, &mut dev);
             assert_eq!(dev, want, "round {round}");
             if round % 20 == 19 {
                 dev.reset_peak();

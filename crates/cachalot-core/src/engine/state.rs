@@ -124,10 +124,15 @@ pub(crate) struct Inner<B: Backend> {
     pub(super) fast_on: bool,
     /// The shards holding anything (held by the device path).
     pub(super) occupied: u32,
-    /// Two fast operations of different shards have met on the shared
-    /// mirror (`Logging::Shared`): several threads run fast operations at
-    /// once, and the shards log from then on (sticky).
+    /// Several threads run fast operations at once (two threads' fast
+    /// operations took turns on the shared mirror, `Logging::Shared`,
+    /// operation by operation): the shards log from then on (sticky).
     pub(super) multi_thread: bool,
+    /// The times the shared mirror was handed from one thread to another
+    /// (`CachingAllocator::handover`).
+    pub(super) handovers: u64,
+    /// Short turns on the shared mirror in a row (`shard::SHORT_TURN`).
+    pub(super) short_turns: u32,
     /// The number the next flushed window of stat logs gets
     /// (`stat_log::Folds`).
     pub(super) windows_out: u64,
@@ -167,6 +172,8 @@ impl<B: Backend> Inner<B> {
             fast_on: true,
             occupied: 0,
             multi_thread: false,
+            handovers: 0,
+            short_turns: 0,
             windows_out: 0,
             windows_folded: 0,
             recycling: Default::default(),

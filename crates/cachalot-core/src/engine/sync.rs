@@ -7,6 +7,14 @@ pub(crate) use parking_lot::{Mutex, MutexGuard};
 #[cfg(feature = "shuttle")]
 pub(crate) use shuttle::sync::{Mutex, MutexGuard};
 
+#[cfg(feature = "shuttle")]
+pub(crate) use shuttle::sync::atomic::{AtomicBool, AtomicI64, AtomicU64};
+/// The atomics of the shared mirror (`shard::SharedMirror`): std's, or
+/// under the `shuttle` feature shuttle's, so that the model check can
+/// switch threads between any two of its loads and stores.
+#[cfg(not(feature = "shuttle"))]
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64};
+
 /// Takes `m` if free.
 #[inline]
 pub(crate) fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
