@@ -581,12 +581,20 @@ fn recycling_takes_idle_streams_pages_first() {
     d.free(a);
     d.free(c);
     let syncs = d.m.call_count(MockCall::SynchronizeEvent);
+    let (asked, fenced) = (
+        d.m.call_count(MockCall::QueryStream),
+        d.m.call_count(MockCall::RecordEvent),
+    );
     let b = d.alloc_on(40 * MIB, s1);
     assert_eq!(
         d.m.call_count(MockCall::SynchronizeEvent),
         syncs,
         "no stream waited for"
     );
+    // both streams asked; the busy one (s0) answered "busy" and got a
+    // completion fence, the idle one none
+    assert_eq!(d.m.call_count(MockCall::QueryStream) - asked, 2);
+    assert_eq!(d.m.call_count(MockCall::RecordEvent) - fenced, 1);
     assert_eq!(
         reserved(&d),
         80 * MIB as i64,
@@ -881,6 +889,49 @@ fn recycling_settles_on_repeating_traces() {
         assert!(ratio < bound, "{name}: peak reserved / live peak {ratio}");
         d.a.check_invariants().expect("invariants");
     }
+}
+
+/// side_stream_pipeline moves pages between its two streams' segments in
+/// every pass (ghost mappings, no driver mapping call from its second
+/// pass), and each move needs the work on the pages done. The replay
+/// launches no work, so its streams are idle: the allocator asks the
+/// backend ([`Backend::query_stream`], one call) instead of recording a
+/// completion fence and querying it (two calls, an event). From the
+/// second pass on: no event recorded or queried, one stream query per
+/// move at most (28 a pass; session 16: a fence recorded and queried per
+/// move, 56 event calls a pass).
+/// A busy stream still gets a fence (`recycling_takes_idle_streams_pages_first`).
+///
+/// [`Backend::query_stream`]: cachalot_core::Backend::query_stream
+#[test]
+fn idle_streams_are_asked_not_fenced() {
+    use cachalot_core::Backend;
+    use cachalot_core::replay::replay_pass;
+    let trace = trace("side_stream_pipeline");
+    let d = Dev::new(CACHALOT);
+    let streams = vec![d.m.default_stream(), d.stream()];
+    let mut ptr = vec![0u64; trace.num_ids];
+    let count = |c| d.m.call_count(c);
+    for pass in 0..3 {
+        let (r0, q0, s0) = (
+            count(MockCall::RecordEvent),
+            count(MockCall::QueryEvent),
+            count(MockCall::QueryStream),
+        );
+        replay_pass(&d.a, &streams, &trace, &mut ptr).expect("replay");
+        let (r, q, s) = (
+            count(MockCall::RecordEvent) - r0,
+            count(MockCall::QueryEvent) - q0,
+            count(MockCall::QueryStream) - s0,
+        );
+        println!("pass {pass}: {r} fences recorded, {q} event queries, {s} stream queries");
+        if pass > 0 {
+            assert_eq!((r, q), (0, 0), "pass {pass}: {s} stream queries");
+            assert!(s > 0 && s <= 28, "pass {pass}: {s} stream queries");
+        }
+    }
+    assert!(d.a.stats().num_device_alloc > 0);
+    d.a.check_invariants().expect("invariants");
 }
 
 /// A workload that cannot settle (random sizes and lifetimes): the

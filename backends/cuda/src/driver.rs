@@ -255,6 +255,17 @@ pub(crate) fn event_query(e: sys::CUevent) -> DResult<bool> {
     }
 }
 
+/// `cuStreamQuery`: `Ok(true)` when all work submitted to the stream has
+/// completed, `Ok(false)` on `CUDA_ERROR_NOT_READY`.
+pub(crate) fn stream_query(s: sys::CUstream) -> DResult<bool> {
+    // SAFETY: live handle (module invariant).
+    match unsafe { sys::cuStreamQuery(s) } {
+        CUresult::CUDA_SUCCESS => Ok(true),
+        CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+        other => Err(DriverError(other)),
+    }
+}
+
 /// `cuEventSynchronize`.
 pub(crate) fn event_synchronize(e: sys::CUevent) -> DResult<()> {
     // SAFETY: live handle (module invariant).

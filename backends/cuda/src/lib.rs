@@ -827,6 +827,13 @@ impl Backend for CudaBackend {
         driver::event_query(event.as_raw()).map_err(to_backend("cuEventQuery"))
     }
 
+    fn query_stream(&self, stream: CudaStream) -> Result<Option<bool>, BackendError> {
+        let _b = self.ctx.bind("cuStreamQuery")?;
+        driver::stream_query(stream.as_raw())
+            .map(Some)
+            .map_err(to_backend("cuStreamQuery"))
+    }
+
     fn synchronize_event(&self, event: &CudaEvent) -> Result<(), BackendError> {
         let _b = self.ctx.bind("cuEventSynchronize")?;
         driver::event_synchronize(event.as_raw()).map_err(to_backend("cuEventSynchronize"))

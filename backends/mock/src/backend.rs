@@ -794,6 +794,7 @@ impl State {
             MockCall::DestroyEvent => c.destroy_event += 1,
             MockCall::RecordEvent => c.record_event += 1,
             MockCall::QueryEvent => c.query_event += 1,
+            MockCall::QueryStream => c.query_stream += 1,
             MockCall::SynchronizeEvent => c.synchronize_event += 1,
             MockCall::StreamWaitEvent => c.stream_wait_event += 1,
             MockCall::SynchronizeDevice => c.synchronize_device += 1,
@@ -1090,6 +1091,27 @@ impl State {
             None => true,
             Some((s, p)) => self.streams[s].completed >= p,
         })
+    }
+
+    /// Whether all work submitted to `s` has completed. As CUDA's
+    /// `cuStreamQuery`: prohibited on a capturing stream (the capture is
+    /// invalidated) and, in the global capture mode, while any capture is
+    /// underway (every capture is invalidated).
+    fn query_stream(&mut self, s: MockStream) -> Result<bool, BackendError> {
+        const CALL: &str = "query_stream";
+        let i = self.stream_idx(CALL, s)?;
+        if let Some(id) = self.active_capture(CALL, i)? {
+            let reason = format!("{CALL} on capturing stream{i}");
+            self.invalidate(id, reason.clone());
+            return Err(err(CALL, codes::STREAM_CAPTURE_UNSUPPORTED, reason));
+        }
+        if self.capture_mode == CaptureMode::Global && self.any_capture_active() {
+            let reason = format!("{CALL} while a capture is underway (global capture mode)");
+            self.invalidate_all(&reason);
+            return Err(err(CALL, codes::STREAM_CAPTURE_UNSUPPORTED, reason));
+        }
+        let st = &self.streams[i];
+        Ok(st.completed >= st.submitted)
     }
 
     fn synchronize_event(&mut self, e: &MockEvent) -> Result<(), BackendError> {
@@ -2372,6 +2394,12 @@ impl Backend for MockBackend {
 
     fn query_event(&self, event: &MockEvent) -> Result<bool, BackendError> {
         self.call(MockCall::QueryEvent, |st| st.query_event(event))
+    }
+
+    fn query_stream(&self, stream: MockStream) -> Result<Option<bool>, BackendError> {
+        self.call(MockCall::QueryStream, |st| {
+            st.query_stream(stream).map(Some)
+        })
     }
 
     fn synchronize_event(&self, event: &MockEvent) -> Result<(), BackendError> {

@@ -71,7 +71,8 @@
 //! * **Events.** `record_event` snapshots the stream's submitted count and
 //!   vector clock; `query_event` is "completed ≥ recorded position" (true for
 //!   a never-recorded event); `synchronize_event` completes the work up to
-//!   that position; `stream_wait_event` merges the event's clock into the
+//!   that position; `query_stream` is "completed ≥ submitted";
+//!   `stream_wait_event` merges the event's clock into the
 //!   stream's (an ordering edge). Unknown, destroyed or foreign events are
 //!   [`codes::INVALID_RESOURCE_HANDLE`] errors.
 //! * **Race checker.** Every use records `[addr, addr+len)` with a tag (one
@@ -96,10 +97,11 @@
 //!   capture), `capture_info`, `node_dependencies`, `add_empty_node`,
 //!   `update_capture_dependencies` (Add/Set). Misuse invalidates the
 //!   capture like CUDA: querying or synchronising an event recorded in a
-//!   capture, synchronising a capturing stream or the device, waiting on
-//!   uncaptured work from a capturing stream, merging two captures, ending
-//!   on the wrong stream; in [`CaptureMode::Global`] (default) also any
-//!   `query_event` / `synchronize_event` while a capture is active.
+//!   capture, querying or synchronising a capturing stream or the device,
+//!   waiting on uncaptured work from a capturing stream, merging two
+//!   captures, ending on the wrong stream; in [`CaptureMode::Global`] (default) also any
+//!   `query_event` / `query_stream` / `synchronize_event` while a capture
+//!   is active.
 //!   `malloc` and `free` are allowed during capture (relaxed mode) and
 //!   counted. `end_capture` fails with [`codes::STREAM_CAPTURE_UNJOINED`]
 //!   when a forked stream's terminal nodes are not ancestors of the origin's.

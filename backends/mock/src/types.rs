@@ -188,6 +188,8 @@ pub enum MockCall {
     RecordEvent,
     /// `Backend::query_event`.
     QueryEvent,
+    /// `Backend::query_stream`.
+    QueryStream,
     /// `Backend::synchronize_event`.
     SynchronizeEvent,
     /// `Backend::stream_wait_event`.
@@ -225,7 +227,7 @@ pub enum MockCall {
 
 impl MockCall {
     /// Every call kind, in declaration order (for a test matrix).
-    pub const ALL: [MockCall; 23] = [
+    pub const ALL: [MockCall; 24] = [
         MockCall::Malloc,
         MockCall::Free,
         MockCall::MemoryInfo,
@@ -233,6 +235,7 @@ impl MockCall {
         MockCall::DestroyEvent,
         MockCall::RecordEvent,
         MockCall::QueryEvent,
+        MockCall::QueryStream,
         MockCall::SynchronizeEvent,
         MockCall::StreamWaitEvent,
         MockCall::SynchronizeDevice,
@@ -282,6 +285,7 @@ impl MockCall {
             MockCall::DestroyEvent => "destroy_event",
             MockCall::RecordEvent => "record_event",
             MockCall::QueryEvent => "query_event",
+            MockCall::QueryStream => "query_stream",
             MockCall::SynchronizeEvent => "synchronize_event",
             MockCall::StreamWaitEvent => "stream_wait_event",
             MockCall::SynchronizeDevice => "synchronize_device",
@@ -371,13 +375,14 @@ pub enum Completion {
 /// (CUDA's `cudaStreamCaptureMode` of the capturing thread).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum CaptureMode {
-    /// CUDA's default: while any capture is active, `query_event` and
-    /// `synchronize_event` (on any event) fail and invalidate every active
-    /// capture. This is why PyTorch skips event processing during capture.
+    /// CUDA's default: while any capture is active, `query_event`,
+    /// `query_stream` and `synchronize_event` (on any event or stream) fail
+    /// and invalidate every active capture. This is why PyTorch skips event
+    /// processing during capture.
     #[default]
     Global,
-    /// Only operations on events recorded inside a capture and
-    /// synchronisation of capturing streams (or the device) are illegal.
+    /// Only operations on events recorded inside a capture, and queries or
+    /// synchronisation of capturing streams (or the device), are illegal.
     Relaxed,
 }
 
@@ -408,6 +413,8 @@ pub struct MockCounters {
     pub record_event: u64,
     /// `query_event` calls.
     pub query_event: u64,
+    /// `query_stream` calls.
+    pub query_stream: u64,
     /// `synchronize_event` calls.
     pub synchronize_event: u64,
     /// `stream_wait_event` calls.

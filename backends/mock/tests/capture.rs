@@ -563,3 +563,42 @@ fn four_stream_partial_joins() {
         d.destroy_event(e).unwrap();
     }
 }
+
+/// `query_stream` answers "completed ≥ submitted", and is prohibited
+/// during capture as CUDA's `cuStreamQuery`: on the capturing stream (the
+/// capture is invalidated) and, in the global capture mode, on any stream
+/// while a capture is underway.
+#[test]
+fn stream_queries_are_idle_checks_and_prohibited_during_capture() {
+    let (d, s1, s2, _) = setup();
+    assert_eq!(d.query_stream(s2).unwrap(), Some(true), "no work yet");
+    d.launch(s2).unwrap();
+    assert_eq!(d.query_stream(s2).unwrap(), Some(false), "work pending");
+    assert_eq!(d.query_stream(s1).unwrap(), Some(true), "another stream");
+    d.complete(s2).unwrap();
+    assert_eq!(d.query_stream(s2).unwrap(), Some(true));
+    // global mode (the default): any stream, while a capture is underway
+    d.begin_capture(s1).unwrap();
+    let e = d.query_stream(s2).unwrap_err();
+    assert_eq!(e.code, codes::STREAM_CAPTURE_UNSUPPORTED);
+    assert_eq!(
+        d.capture_info(s1).unwrap().status,
+        CaptureStatus::Invalidated
+    );
+    assert!(d.end_capture(s1).is_err());
+    assert_eq!(d.query_stream(s2).unwrap(), Some(true), "fine after it");
+    // relaxed mode: the capturing stream itself only
+    let r = MockConfig::new(1 << 30)
+        .capture_mode(CaptureMode::Relaxed)
+        .build();
+    let (a, b) = (r.create_stream(), r.create_stream());
+    r.begin_capture(a).unwrap();
+    assert_eq!(r.query_stream(b).unwrap(), Some(true));
+    let e = r.query_stream(a).unwrap_err();
+    assert_eq!(e.code, codes::STREAM_CAPTURE_UNSUPPORTED);
+    assert_eq!(
+        r.capture_info(a).unwrap().status,
+        CaptureStatus::Invalidated
+    );
+    assert!(r.end_capture(a).is_err());
+}

@@ -99,6 +99,7 @@ fn invoke(f: &Fix, call: MockCall) -> Result<(), (i64, &'static str)> {
         }
         MockCall::RecordEvent => d.record_event(&f.e, f.s1).map_err(be),
         MockCall::QueryEvent => d.query_event(&f.e).map(drop).map_err(be),
+        MockCall::QueryStream => d.query_stream(f.s1).map(drop).map_err(be),
         MockCall::SynchronizeEvent => d.synchronize_event(&f.e).map_err(be),
         MockCall::StreamWaitEvent => d.stream_wait_event(f.s2, &f.e).map_err(be),
         MockCall::SynchronizeDevice => d.synchronize_device().map_err(be),

@@ -145,6 +145,16 @@ pub trait Backend: Send + Sync + 'static {
     fn query_event(&self, event: &Self::Event) -> Result<bool, BackendError>;
     /// Blocks the host until `event` has completed.
     fn synchronize_event(&self, event: &Self::Event) -> Result<(), BackendError>;
+    /// Whether all work submitted to `stream` so far has completed
+    /// (`cuStreamQuery`), without an event: `Ok(None)` when the backend
+    /// cannot tell (the default; the engine then records an event). The
+    /// engine never asks about a stream while a capture is underway (the
+    /// query is prohibited there, and in CUDA's global capture mode it
+    /// invalidates the capture).
+    fn query_stream(&self, stream: Self::Stream) -> Result<Option<bool>, BackendError> {
+        let _ = stream;
+        Ok(None)
+    }
     /// Makes future work on `stream` wait for `event`.
     fn stream_wait_event(
         &self,

@@ -202,7 +202,12 @@ impl<B: Backend> EventState<B> {
     /// What recycling may take from `stream` without waiting: the newest
     /// free stamp whose uses on the stream are known to be over (every
     /// block of the stream freed with that stamp or an earlier one has no
-    /// work pending; the current clock when the stream is idle). Polls the
+    /// work pending; the current clock when the stream is idle). When
+    /// blocks were freed since that stamp and `ask_stream` (no capture is
+    /// underway), first asks the backend whether the stream is idle
+    /// ([`Backend::query_stream`], one call and no event: a training
+    /// loop's streams are often idle when the host allocates ahead of
+    /// them); idle, everything freed on it so far is done. Else polls the
     /// stream's fences without waiting (a binary search; a failed query
     /// reads as pending), then, when blocks were freed since its newest
     /// fence, records one now and queries it: complete means the stream is
@@ -210,10 +215,21 @@ impl<B: Backend> EventState<B> {
     /// busy the stream is by then. One event per stream and probe at most;
     /// none when the ring is full or the backend fails (conservative: the
     /// blocks wait for a later fence, or recycling waits for the stream).
-    pub fn probe(&mut self, backend: &B, stream: B::Stream) -> u64 {
+    pub fn probe(&mut self, backend: &B, stream: B::Stream, ask_stream: bool) -> u64 {
         let i = self.fences_of(backend, stream);
-        let done = self.poll_fences(backend, i);
         let clock = self.free_clock;
+        if ask_stream
+            && self.fences[i].done < clock
+            && let Ok(Some(true)) = backend.query_stream(stream)
+        {
+            // idle: every fence recorded on it has completed too
+            let f = &mut self.fences[i];
+            self.pool.extend(f.ring.drain(..).map(|(_, ev)| ev));
+            f.done = clock;
+            f.last = clock;
+            return clock;
+        }
+        let done = self.poll_fences(backend, i);
         if done == clock || self.fences[i].last == clock {
             return done;
         }

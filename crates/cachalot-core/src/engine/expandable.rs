@@ -423,7 +423,8 @@ impl<B: Backend> Inner<B> {
         if let Some(e) = seen.iter().find(|e| e.0 == stream) {
             return e.1;
         }
-        let d = self.events.probe(backend, stream);
+        let ask_stream = !self.capture.is_active();
+        let d = self.events.probe(backend, stream, ask_stream);
         note_done(seen, stream, d);
         d
     }
