@@ -408,6 +408,8 @@ hip_api! {
         fn hipEventSynchronize(event: hipEvent_t) -> hipError_t;
     }
     optional {
+        /// `hipError_t hipStreamQuery(hipStream_t stream)`
+        fn hipStreamQuery(stream: hipStream_t) -> hipError_t;
         /// `hipError_t hipStreamGetCaptureInfo_v2(hipStream_t, hipStreamCaptureStatus*,
         /// unsigned long long* id, hipGraph_t* graph, const hipGraphNode_t** deps, size_t* n)`
         fn hipStreamGetCaptureInfo_v2(

@@ -140,6 +140,9 @@ pub struct State {
     pub events_destroyed: usize,
     /// Records leave the event pending until `complete_all`.
     pub hold_events: bool,
+    /// Streams with a record left pending (`hold_events`): busy for
+    /// `hipStreamQuery` until `complete_all` or a synchronization.
+    pub busy: HashSet<usize>,
     pub streams: HashSet<usize>,
     pub waits: Vec<(usize, usize)>,
     pub capture_mode: hipStreamCaptureMode,
@@ -168,6 +171,7 @@ impl Default for State {
             events_created: 0,
             events_destroyed: 0,
             hold_events: false,
+            busy: HashSet::new(),
             streams: HashSet::new(),
             waits: Vec::new(),
             capture_mode: hipStreamCaptureModeGlobal,
@@ -190,6 +194,7 @@ impl State {
     /// Completes every pending event.
     pub fn complete_all(&mut self) {
         self.events.values_mut().for_each(|p| *p = false);
+        self.busy.clear();
     }
 
     /// Starts a capture on `stream` with the given id.
@@ -247,6 +252,7 @@ pub fn api() -> Arc<HipApi> {
     t.hipEventRecord = hipEventRecord;
     t.hipEventQuery = hipEventQuery;
     t.hipEventSynchronize = hipEventSynchronize;
+    t.hipStreamQuery = Some(hipStreamQuery);
     t.hipStreamGetCaptureInfo_v2 = Some(hipStreamGetCaptureInfo_v2);
     t.hipGraphNodeGetDependencies = Some(hipGraphNodeGetDependencies);
     t.hipGraphAddEmptyNode = Some(hipGraphAddEmptyNode);
@@ -394,8 +400,24 @@ unsafe extern "C" fn hipStreamDestroy(st: hipStream_t) -> hipError_t {
     })
 }
 
-unsafe extern "C" fn hipStreamSynchronize(_st: hipStream_t) -> hipError_t {
-    hipSuccess
+unsafe extern "C" fn hipStreamSynchronize(st: hipStream_t) -> hipError_t {
+    with(|s| {
+        s.busy.remove(&(st as usize));
+        hipSuccess
+    })
+}
+
+unsafe extern "C" fn hipStreamQuery(st: hipStream_t) -> hipError_t {
+    with(|s| {
+        let st = st as usize;
+        if st != 0 && !s.streams.contains(&st) {
+            hipErrorInvalidHandle
+        } else if s.busy.contains(&st) {
+            hipErrorNotReady
+        } else {
+            hipSuccess
+        }
+    })
 }
 
 unsafe extern "C" fn hipStreamWaitEvent(st: hipStream_t, ev: hipEvent_t, _f: c_uint) -> hipError_t {
@@ -433,12 +455,15 @@ unsafe extern "C" fn hipEventDestroy(ev: hipEvent_t) -> hipError_t {
     })
 }
 
-unsafe extern "C" fn hipEventRecord(ev: hipEvent_t, _st: hipStream_t) -> hipError_t {
+unsafe extern "C" fn hipEventRecord(ev: hipEvent_t, st: hipStream_t) -> hipError_t {
     with(|s| {
         let hold = s.hold_events;
         match s.events.get_mut(&(ev as usize)) {
             Some(p) => {
                 *p = hold;
+                if hold {
+                    s.busy.insert(st as usize);
+                }
                 hipSuccess
             }
             None => hipErrorInvalidHandle,

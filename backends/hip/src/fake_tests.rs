@@ -131,15 +131,18 @@ fn events_record_query_wait_synchronize_and_destroy() {
     let s1 = b.create_stream().unwrap();
     let ev = b.create_event().unwrap();
     with(|s| s.hold_events = true);
+    assert_eq!(b.query_stream(s1.handle()).unwrap(), Some(true), "idle");
     b.record_event(&ev, s1.handle()).unwrap();
     assert!(
         !b.query_event(&ev).unwrap(),
         "pending while the stream is busy"
     );
+    assert_eq!(b.query_stream(s1.handle()).unwrap(), Some(false), "busy");
     b.stream_wait_event(HipStream::NULL, &ev).unwrap();
     assert_eq!(with(|s| s.waits.len()), 1);
     with(|s| s.complete_all());
     assert!(b.query_event(&ev).unwrap());
+    assert_eq!(b.query_stream(s1.handle()).unwrap(), Some(true));
     b.record_event(&ev, s1.handle()).unwrap();
     b.synchronize_event(&ev).unwrap();
     assert!(b.query_event(&ev).unwrap());
@@ -152,6 +155,19 @@ fn events_record_query_wait_synchronize_and_destroy() {
         with(|s| s.streams.is_empty()),
         "OwnedStream destroys on drop"
     );
+}
+
+/// A runtime without `hipStreamQuery` (an optional entry): the backend
+/// cannot tell whether a stream is idle, and says so (`Ok(None)`: the
+/// engine records a completion fence instead).
+#[test]
+fn stream_query_without_the_entry_cannot_tell() {
+    let mut t = std::sync::Arc::try_unwrap(fake::api())
+        .unwrap_or_else(|_| panic!("the fake table has one owner"));
+    t.hipStreamQuery = None;
+    let b = HipBackend::with_api(std::sync::Arc::new(t), 0).expect("fake device opens");
+    let s1 = b.create_stream().unwrap();
+    assert_eq!(b.query_stream(s1.handle()).unwrap(), None);
 }
 
 #[test]

@@ -2,7 +2,8 @@
 //!
 //! The HIP (AMD ROCm) backend of cachalot: [`HipBackend`] implements
 //! [`cachalot_core::Backend`] over `hipMalloc`/`hipFree`, HIP streams and
-//! events, `hipMemGetInfo` and the stream-capture calls
+//! events (`hipStreamQuery` where the runtime has it), `hipMemGetInfo` and
+//! the stream-capture calls
 //! (`hipStreamGetCaptureInfo_v2`, `hipGraphNodeGetDependencies`,
 //! `hipGraphAddEmptyNode`, `hipStreamUpdateCaptureDependencies`), and, where
 //! the runtime and device have it, virtual memory ([`HipVirtualMemory`] over
@@ -430,6 +431,11 @@ impl Backend for HipBackend {
     fn query_event(&self, event: &HipEvent) -> Result<bool, BackendError> {
         // SAFETY: the event is owned and live.
         unsafe { result::event_query(&self.api, event.as_raw()) }.map_err(|e| self.err(e))
+    }
+
+    fn query_stream(&self, stream: HipStream) -> Result<Option<bool>, BackendError> {
+        // SAFETY: the stream handle per HipStream's contract.
+        unsafe { result::stream_query(&self.api, stream.as_raw()) }.map_err(|e| self.err(e))
     }
 
     fn synchronize_event(&self, event: &HipEvent) -> Result<(), BackendError> {

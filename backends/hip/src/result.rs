@@ -187,6 +187,25 @@ pub unsafe fn stream_synchronize(api: &HipApi, stream: hipStream_t) -> Result<()
     })
 }
 
+/// `hipStreamQuery`: `Ok(Some(true))` when all work submitted to the
+/// stream has completed, `Ok(Some(false))` on `hipErrorNotReady`,
+/// `Ok(None)` when the library lacks the symbol.
+///
+/// # Safety
+/// `stream` must be null or a live stream.
+pub unsafe fn stream_query(api: &HipApi, stream: hipStream_t) -> Result<Option<bool>, HipError> {
+    const CALL: &str = "hipStreamQuery";
+    let Some(f) = api.hipStreamQuery else {
+        return Ok(None);
+    };
+    // SAFETY: the caller guarantees the handle is null or live.
+    match unsafe { f(stream) } {
+        hipSuccess => Ok(Some(true)),
+        hipErrorNotReady => Ok(Some(false)),
+        code => Err(HipError { call: CALL, code }),
+    }
+}
+
 /// `hipEventCreateWithFlags`.
 pub fn event_create(api: &HipApi, flags: c_uint) -> Result<hipEvent_t, HipError> {
     let mut e: hipEvent_t = std::ptr::null_mut();
