@@ -100,7 +100,7 @@ impl Mirror {
     /// Adds one operation's transitions.
     #[inline(always)]
     fn add(&mut self, rec: &Rec) {
-        rec.apply(&mut self.window);
+        rec.apply(&mut &self.window);
         self.dirty = true;
     }
 
@@ -182,7 +182,7 @@ impl SharedMirror {
     pub(crate) fn fold_into(&self, stats: &mut crate::stats::DeviceStats) {
         use std::sync::atomic::Ordering::Relaxed;
         if self.dirty.swap(false, Relaxed) {
-            self.window.fold_and_clear(stats);
+            self.window.take_into(stats);
         }
     }
 

@@ -544,36 +544,24 @@ impl<N: Num> Apply for Window<N> {
     }
 }
 
-/// The solo shard's copy of the stats (`Shard::mirror`): its transitions
-/// written straight into a window, which check-in folds into the device's
-/// stats. `active` and `active_bytes` move with `allocation` and
-/// `allocated_bytes` on the fast path (the window keeps one sum for each
-/// pair), so their transitions are not written twice.
-impl<N: Num> StatSink for Window<N> {
-    #[inline(always)]
-    fn inc(&mut self, arr: Arr, st: StatType, n: i64) {
-        self.inc_at(arr, st, n)
-    }
-    #[inline(always)]
-    fn dec(&mut self, arr: Arr, st: StatType, n: i64) {
-        self.dec_at(arr, st, n)
-    }
-    #[inline(always)]
-    fn oversize(&mut self, d: i64) {
-        self.oversize_by(d)
-    }
-}
-
-/// The shared mirror's window, written through a shared reference by the
-/// thread that owns the mirror (`shard::SharedMirror`).
+/// A window written through a shared reference: the solo shard's copy of
+/// the stats (`Shard::mirror`), and the shared mirror's, written by the
+/// thread that owns it (`shard::SharedMirror`); check-in folds each into
+/// the device's stats. `active` and `active_bytes` move with `allocation`
+/// and `allocated_bytes` on the fast path (the window keeps one sum for
+/// each pair), so their transitions are not written twice.
 impl<N: Num> StatSink for &Window<N> {
     #[inline(always)]
     fn inc(&mut self, arr: Arr, st: StatType, n: i64) {
-        self.inc_at(arr, st, n)
+        if let Some(k) = written_kind(arr) {
+            self.kinds[k].inc((st != StatType::SmallPool) as usize, n);
+        }
     }
     #[inline(always)]
     fn dec(&mut self, arr: Arr, st: StatType, n: i64) {
-        self.dec_at(arr, st, n)
+        if let Some(k) = written_kind(arr) {
+            self.kinds[k].dec((st != StatType::SmallPool) as usize, n);
+        }
     }
     #[inline(always)]
     fn oversize(&mut self, d: i64) {
@@ -582,22 +570,6 @@ impl<N: Num> StatSink for &Window<N> {
 }
 
 impl<N: Num> Window<N> {
-    /// [`StatSink::inc`].
-    #[inline(always)]
-    fn inc_at(&self, arr: Arr, st: StatType, n: i64) {
-        if let Some(k) = written_kind(arr) {
-            self.kinds[k].inc((st != StatType::SmallPool) as usize, n);
-        }
-    }
-
-    /// [`StatSink::dec`].
-    #[inline(always)]
-    fn dec_at(&self, arr: Arr, st: StatType, n: i64) {
-        if let Some(k) = written_kind(arr) {
-            self.kinds[k].dec((st != StatType::SmallPool) as usize, n);
-        }
-    }
-
     /// [`StatSink::oversize`].
     #[inline(always)]
     fn oversize_by(&self, d: i64) {
@@ -608,15 +580,9 @@ impl<N: Num> Window<N> {
         r.max.set(r.max.get().max(cur));
     }
 
-    /// Folds the window into `stats` and empties it.
-    pub(crate) fn take_into(&mut self, stats: &mut DeviceStats) {
-        self.fold(stats);
-        *self = Window::default();
-    }
-
-    /// Folds the window into `stats` and empties it, through a shared
-    /// reference (the shared mirror's, by the device).
-    pub(crate) fn fold_and_clear(&self, stats: &mut DeviceStats) {
+    /// Folds the window into `stats` and empties it (through a shared
+    /// reference: the shared mirror's is folded so, by the device).
+    pub(crate) fn take_into(&self, stats: &mut DeviceStats) {
         self.fold(stats);
         let runs = self
             .kinds
@@ -938,27 +904,24 @@ mod tests {
     /// a shared reference).
     #[test]
     fn a_solo_window_folds_to_the_transitions_applied_in_turn() {
-        folds_in_turn::<Cell<i64>>(|w, rec| rec.apply(w), |w, dev| w.take_into(dev));
-        folds_in_turn::<AtomicI64>(|w, rec| rec.apply(&mut &*w), |w, dev| w.fold_and_clear(dev));
+        folds_in_turn::<Cell<i64>>();
+        folds_in_turn::<AtomicI64>();
     }
 
-    fn folds_in_turn<N: Num>(
-        add: impl Fn(&mut Window<N>, &Rec),
-        fold: impl Fn(&mut Window<N>, &mut DeviceStats),
-    ) {
+    fn folds_in_turn<N: Num>() {
         let mut next = xorshift(0x1234_5678_9abc_def1);
         let mut dev = stats_with_history();
         dev.reset_accumulated();
         let mut want = dev.clone();
-        let mut mirror = Window::<N>::default();
+        let mirror = Window::<N>::default();
         let mut live = Vec::new();
         for round in 0..200 {
             for _ in 0..(next() % 40) {
                 let rec = random_rec(&mut next, &mut live);
-                add(&mut mirror, &rec);
+                rec.apply(&mut &mirror);
                 rec.apply(&mut want);
             }
-            fold(&mut mirror, &mut dev);
+            mirror.take_into(&mut dev);
             assert_eq!(dev, want, "round {round}");
             if round % 20 == 19 {
                 dev.reset_peak();
