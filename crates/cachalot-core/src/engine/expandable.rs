@@ -7,6 +7,8 @@
 
 use std::ops::Range;
 
+use smallvec::SmallVec;
+
 use crate::backend::Backend;
 use crate::config::Placement;
 use crate::engine::block::{BState, Block, BlockId, NIL};
@@ -66,9 +68,13 @@ const HARD_SLACK: u64 = 8;
 /// The most growth that recycling prefers to a wait: 64 MiB (32 pages).
 const HARD_SLACK_MAX: u64 = 64 << 20;
 
+/// A recycling call's answers of [`Inner::done_on`]: (stream, stamp up to
+/// which its frees are done), a few streams, kept inline.
+type Seen<S> = SmallVec<[(S, u64); 4]>;
+
 /// Records in `seen` (a recycling call's answers of
 /// [`Inner::done_on`]) that `stream`'s blocks freed up to `stamp` are done.
-fn note_done<S: PartialEq>(seen: &mut Vec<(S, u64)>, stream: S, stamp: u64) {
+fn note_done<S: PartialEq>(seen: &mut Seen<S>, stream: S, stamp: u64) {
     match seen.iter_mut().find(|e| e.0 == stream) {
         Some(e) => e.1 = stamp,
         None => seen.push((stream, stamp)),
@@ -152,13 +158,23 @@ impl<B: Backend> Inner<B> {
         target: Option<(u64, u64)>,
     ) {
         let clock = self.events.clock();
-        let mut done: Vec<(B::Stream, u64)> = Vec::new();
+        let mut done: Seen<B::Stream> = Seen::new();
         // Ghosts first, below the cap too: memory that a ghost maps where
         // the request maps moves back with no driver call (and no new
         // memory) when its run is free and done where it is now. Such moves
         // cost nothing, so they do not raise the allowance.
         if let Some((at, bytes)) = target {
-            for (addr, len) in self.ghost_homes(at, bytes) {
+            // Home runs that follow one another up one free block move in
+            // one unmap: the block is split, filed and merged once for all
+            // of them. (Only in the order the ghosts come: other orders
+            // file the pieces left over in another order, which changes
+            // later choices; on churn_4streams a sorted order raised the
+            // peak by 0.8%.)
+            let homes = self.ghost_homes(at, bytes);
+            let mut k = 0;
+            while k < homes.len() {
+                let (addr, mut len) = homes[k];
+                k += 1;
                 // (looked up now: an earlier move may have split the block)
                 let Some(id) = self.block_containing(addr) else {
                     continue;
@@ -169,7 +185,17 @@ impl<B: Backend> Inner<B> {
                     && !keep.contains(&b.addr)
                     && b.addr <= addr
                     && addr + len <= b.addr + b.size;
-                if movable && self.work_done(backend, &mut done, id, clock) {
+                if !movable {
+                    continue;
+                }
+                while let Some(&(next, more)) = homes.get(k)
+                    && next == addr + len
+                    && next + more <= b.addr + b.size
+                {
+                    len += more;
+                    k += 1;
+                }
+                if self.work_done(backend, &mut done, id, clock) {
                     self.unmap_block_with(
                         backend,
                         id,
@@ -192,7 +218,7 @@ impl<B: Backend> Inner<B> {
         let slack = (live / HARD_SLACK)
             .min(HARD_SLACK_MAX)
             .saturating_sub(cap - live.min(cap));
-        let mut cands: Vec<(u64, u64, BlockId)> = Vec::new();
+        let mut cands: SmallVec<[(u64, u64, BlockId); 16]> = SmallVec::new();
         for small in [true, false] {
             for e in self.pools.pool(DEFAULT_POOL, small).free.iter() {
                 if self.unmappable(e.id) && !keep.contains(&e.addr) {
@@ -264,7 +290,7 @@ impl<B: Backend> Inner<B> {
     fn work_done(
         &mut self,
         backend: &B,
-        done: &mut Vec<(B::Stream, u64)>,
+        done: &mut Seen<B::Stream>,
         id: BlockId,
         clock: u64,
     ) -> bool {
@@ -277,11 +303,11 @@ impl<B: Backend> Inner<B> {
     /// Where the physical memory of each ghost wholly among the pages that
     /// a request of `bytes` at `at` would map is mapped now: (address,
     /// bytes) of each such run, once each.
-    fn ghost_homes(&self, at: u64, bytes: u64) -> Vec<(u64, u64)> {
+    fn ghost_homes(&self, at: u64, bytes: u64) -> SmallVec<[(u64, u64); 4]> {
         let (_, e) = self.segments.expandable_at(at);
         let lo = ((at - e.start) / e.page) as usize;
         let hi = (at + bytes - e.start).div_ceil(e.page) as usize;
-        let mut out = Vec::new();
+        let mut out = SmallVec::new();
         for (g, n, pid) in e.ghosts_in(lo, hi) {
             if g < lo || g + n > hi {
                 continue;
@@ -379,7 +405,7 @@ impl<B: Backend> Inner<B> {
         // Then, best fit first, the first whose work is done, probing at
         // most `MAX_PROBES` streams (a probe may record a fence: a miss on
         // a device with many streams must not record one on each).
-        let mut done: Vec<(B::Stream, u64)> = Vec::new();
+        let mut done: Seen<B::Stream> = Seen::new();
         let mut best = None;
         for &(_, _, s, id) in &cands {
             if !done.iter().any(|e| e.0 == s) && done.len() == MAX_PROBES {
@@ -419,7 +445,7 @@ impl<B: Backend> Inner<B> {
 
     /// [`EventState::probe`](crate::engine::events) of `stream`, once per
     /// recycling call (`seen` caches the answers).
-    fn done_on(&mut self, backend: &B, seen: &mut Vec<(B::Stream, u64)>, stream: B::Stream) -> u64 {
+    fn done_on(&mut self, backend: &B, seen: &mut Seen<B::Stream>, stream: B::Stream) -> u64 {
         if let Some(e) = seen.iter().find(|e| e.0 == stream) {
             return e.1;
         }

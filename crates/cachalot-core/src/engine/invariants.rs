@@ -92,7 +92,7 @@ impl<B: Backend> Inner<B> {
             self.segments
                 .ghost_sites
                 .values()
-                .map(Vec::len)
+                .map(|v| v.len())
                 .sum::<usize>(),
             self.segments
                 .expandable

@@ -17,6 +17,7 @@ mod block;
 mod capture;
 mod events;
 mod expandable;
+mod fast_map;
 mod free_set;
 pub mod history;
 mod invariants;

@@ -4,10 +4,13 @@
 //! releasable segment, and whether a bad pointer lies inside one.
 #![forbid(unsafe_code)]
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use smallvec::SmallVec;
 
 use crate::backend::{Backend, DevicePointer, VirtualMemory};
 use crate::engine::block::{BState, Block, BlockId, NIL};
+use crate::engine::fast_map::FastMap;
 use crate::engine::history::TraceAction;
 use crate::engine::pools::PoolIdx;
 use crate::engine::state::{Inner, Params};
@@ -63,12 +66,20 @@ pub(crate) const LARGE_RUN: usize = 12;
 /// ([`Expandable::ghosts`]); past it, recycled pages are unmapped.
 pub(crate) const GHOSTS: usize = 1 << 16;
 
+/// Expandable slots [`Segments::expandable_at`] scans before it asks the
+/// ordered map of all segments.
+const SCAN_SLOTS: usize = 16;
+
 /// The identity of one physical allocation of an expandable segment (the
 /// backend's handles need not compare).
 pub(crate) type PhysId = u64;
 
 /// The physical-memory handle type of a backend.
 pub(crate) type Phys<B> = <<B as Backend>::VirtualMemory as VirtualMemory>::Physical;
+
+/// Runs one mapping call handles: (first page, pages, physical memory,
+/// id), a few, kept inline.
+type Runs<B> = SmallVec<[(usize, usize, Phys<B>, PhysId); 4]>;
 
 /// An expandable segment (PyTorch's `ExpandableSegment`): a reservation
 /// cut into pages, mapped in runs: each run of pages is one physical
@@ -107,7 +118,7 @@ impl<P, S> Expandable<P, S> {
     }
 
     /// The ghosts that overlap pages `lo..hi`: (first page, pages, id).
-    pub fn ghosts_in(&self, lo: usize, hi: usize) -> Vec<(usize, usize, PhysId)> {
+    pub fn ghosts_in(&self, lo: usize, hi: usize) -> SmallVec<[(usize, usize, PhysId); 4]> {
         self.ghosts
             .range(lo.saturating_sub(LARGE_RUN)..hi)
             .filter(|(at, (n, _))| *at + *n > lo)
@@ -158,6 +169,10 @@ pub(crate) struct Segment {
     pub kind: SegmentKind,
 }
 
+/// The ghost sites of one physical allocation, (expandable index, first
+/// page): most have one or two, kept inline (no heap allocation per move).
+pub(crate) type Sites = SmallVec<[(u32, usize); 2]>;
+
 /// Every segment, by start address, and the age counter.
 pub(crate) struct Segments<P, S> {
     map: BTreeMap<u64, Segment>,
@@ -173,9 +188,9 @@ pub(crate) struct Segments<P, S> {
     phys_ids: PhysId,
     /// Where each physical allocation of a run is mapped: (expandable
     /// index, first page).
-    pub homes: HashMap<PhysId, (u32, usize)>,
+    pub homes: FastMap<PhysId, (u32, usize)>,
     /// Where each physical allocation has ghost mappings.
-    pub ghost_sites: HashMap<PhysId, Vec<(u32, usize)>>,
+    pub ghost_sites: FastMap<PhysId, Sites>,
     /// Ghost mappings in all.
     pub ghost_count: usize,
     /// No more ghosts: the backend refused to map memory that a ghost
@@ -191,8 +206,8 @@ impl<P, S> Default for Segments<P, S> {
             expandable: Vec::new(),
             spare: Vec::new(),
             phys_ids: 0,
-            homes: HashMap::new(),
-            ghost_sites: HashMap::new(),
+            homes: FastMap::default(),
+            ghost_sites: FastMap::default(),
             ghost_count: 0,
             ghosts_off: false,
         }
@@ -211,6 +226,19 @@ impl<P, S> Segments<P, S> {
 
     /// The expandable segment containing `addr` (which must be in one).
     pub fn expandable_at(&self, addr: u64) -> (u32, &Expandable<P, S>) {
+        // A device has a few expandable segments (one per stream and pool):
+        // a scan of their slots is several times cheaper than the ordered
+        // map of every segment, which many fixed ones may share.
+        if self.expandable.len() <= SCAN_SLOTS {
+            for (i, e) in self.expandable.iter().enumerate() {
+                if let Some(e) = e
+                    && e.start <= addr
+                    && addr < e.start + e.size
+                {
+                    return (i as u32, e);
+                }
+            }
+        }
         match self.find(addr) {
             Some((_, s)) => match s.kind {
                 SegmentKind::Expandable { index } => (
@@ -302,7 +330,7 @@ impl<P, S> Segments<P, S> {
     /// site index.
     fn forget_site(&mut self, id: PhysId, index: u32, at: usize) {
         if let Some(v) = self.ghost_sites.get_mut(&id) {
-            v.retain(|&s| s != (index, at));
+            v.retain(|s| *s != (index, at));
             if v.is_empty() {
                 self.ghost_sites.remove(&id);
             }
@@ -695,7 +723,7 @@ impl<B: Backend> Inner<B> {
         let end = (addr + size - start).div_ceil(page) as usize;
         let runs_of_many = self.recycles_pages();
         // ghosts whose memory is spare come back; the others go
-        let mut back: Vec<(usize, usize, Phys<B>, PhysId)> = Vec::new();
+        let mut back: Runs<B> = SmallVec::new();
         for (at, n, id) in e.ghosts_in(begin, end) {
             let whole = at >= begin && at + n <= end;
             match self.segments.spare.iter().position(|s| s.2 == id) {
@@ -708,13 +736,10 @@ impl<B: Backend> Inner<B> {
         }
         back.sort_unstable_by_key(|r| r.0);
         // (first page, pages, physical memory, id)
-        let mut made: Vec<(usize, usize, Phys<B>, PhysId)> = Vec::new();
+        let mut made: Runs<B> = SmallVec::new();
         // on failure everything goes to the spare list, which the caller
         // releases (with the ghosts of what was recycled)
-        let undo = |this: &mut Self,
-                    made: Vec<(usize, usize, Phys<B>, PhysId)>,
-                    back: Vec<(usize, usize, Phys<B>, PhysId)>,
-                    mapped: usize| {
+        let undo = |this: &mut Self, made: Runs<B>, back: Runs<B>, mapped: usize| {
             for (k, (i, n, h, id)) in made.into_iter().enumerate() {
                 if k < mapped {
                     let _ = vm.unmap(start + i as u64 * page, n as u64 * page);

@@ -62,6 +62,9 @@ pub(crate) enum Back {
 pub(crate) struct FreeSet<S> {
     streams: Vec<(S, StreamSet)>,
     len: usize,
+    /// [`FreeSet::make_dormant`]'s list of a stream's blocks, kept between
+    /// calls (no heap allocation per call).
+    scratch: Vec<(u64, u64, BlockId)>,
 }
 
 impl<S> Default for FreeSet<S> {
@@ -69,6 +72,7 @@ impl<S> Default for FreeSet<S> {
         Self {
             streams: Vec::new(),
             len: 0,
+            scratch: Vec::new(),
         }
     }
 }
@@ -278,15 +282,17 @@ impl<S: Copy + Ord> FreeSet<S> {
         seq: impl Fn(BlockId) -> Option<u64>,
         moved: &mut Vec<BlockId>,
     ) {
+        let mut all = std::mem::take(&mut self.scratch);
         let set = self.set_mut(s);
-        let mut all = Vec::with_capacity(set.tree.len + 1);
+        all.clear();
+        all.reserve(set.tree.len + 1);
         set.tree.for_each(|sz, a, id| all.push((sz, a, id)));
         if let Some((k, id)) = set.recent {
             let (sz, a) = unkey(k);
             all.push((sz, a, id));
         }
         let sorted = set.whole.len();
-        for (size, addr, id) in all {
+        for &(size, addr, id) in &all {
             if let Some(q) = seq(id) {
                 let got = set.remove(fkey(size, addr));
                 debug_assert_eq!(got, Some(id));
@@ -304,6 +310,7 @@ impl<S: Copy + Ord> FreeSet<S> {
             // them (inserting each would be quadratic)
             set.whole.sort_by_key(|w| w.seq);
         }
+        self.scratch = all;
     }
 
     /// Smallest block of stream `s` with size ≥ `size`, lowest address first.
