@@ -62,9 +62,6 @@ pub(crate) enum Back {
 pub(crate) struct FreeSet<S> {
     streams: Vec<(S, StreamSet)>,
     len: usize,
-    /// [`FreeSet::make_dormant`]'s list of a stream's blocks, kept between
-    /// calls (no heap allocation per call).
-    scratch: Vec<(u64, u64, BlockId)>,
 }
 
 impl<S> Default for FreeSet<S> {
@@ -72,7 +69,6 @@ impl<S> Default for FreeSet<S> {
         Self {
             streams: Vec::new(),
             len: 0,
-            scratch: Vec::new(),
         }
     }
 }
@@ -276,41 +272,44 @@ impl<S: Copy + Ord> FreeSet<S> {
 
     /// Moves the blocks of stream `s` for which `seq` gives a segment age
     /// (whole free segments) to the dormant list; appends their ids to `moved`.
+    #[inline(never)]
     pub fn make_dormant(
         &mut self,
         s: S,
         seq: impl Fn(BlockId) -> Option<u64>,
         moved: &mut Vec<BlockId>,
     ) {
-        let mut all = std::mem::take(&mut self.scratch);
         let set = self.set_mut(s);
-        all.clear();
-        all.reserve(set.tree.len + 1);
-        set.tree.for_each(|sz, a, id| all.push((sz, a, id)));
-        if let Some((k, id)) = set.recent {
-            let (sz, a) = unkey(k);
-            all.push((sz, a, id));
-        }
         let sorted = set.whole.len();
-        for &(size, addr, id) in &all {
+        // the whole segments go to the tail of the dormant list first (no
+        // list of every block: no heap allocation), then out of the tree
+        let (tree, whole) = (&set.tree, &mut set.whole);
+        let mut file = |size, addr, id| {
             if let Some(q) = seq(id) {
-                let got = set.remove(fkey(size, addr));
-                debug_assert_eq!(got, Some(id));
-                set.whole.push(Whole {
+                whole.push(Whole {
                     seq: q,
                     size,
                     addr,
                     id,
                 });
-                moved.push(id);
             }
+        };
+        tree.for_each(&mut file);
+        if let Some((k, id)) = set.recent {
+            let (sz, a) = unkey(k);
+            file(sz, a, id);
+        }
+        for k in sorted..set.whole.len() {
+            let w = set.whole[k];
+            let got = set.remove(fkey(w.size, w.addr));
+            debug_assert_eq!(got, Some(w.id));
+            moved.push(w.id);
         }
         if set.whole.len() > sorted {
             // the stable sort finds the sorted run and the new tail and merges
             // them (inserting each would be quadratic)
             set.whole.sort_by_key(|w| w.seq);
         }
-        self.scratch = all;
     }
 
     /// Smallest block of stream `s` with size ≥ `size`, lowest address first.
