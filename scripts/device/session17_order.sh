@@ -5,7 +5,8 @@
 # expandable mode and in the default configuration, then PyTorch's default
 # mode; every trace of dist/cuda/traces, 5 passes. Prints per trace and
 # configuration each build's warm ns/op per round and the median ratio
-# to PyTorch's default mode.
+# to PyTorch's default mode. OLD=name=path names the older build (default
+# s16=dist/exp/s16/cachalot; session 18: OLD=s17=dist/exp/s17/cachalot).
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 ROUNDS=${ROUNDS:-4}
@@ -14,7 +15,8 @@ ROUNDS=${ROUNDS:-4}
 TR=(dist/cuda/traces/*.trace)
 R=$OUT/order.jsonl; : >"$R"
 tag() { sed -u "s/^{/{\"build\":\"$1\",\"config\":\"$2\",\"round\":$3,/"; }
-BL=("new=dist/cuda/bin/cachalot" "s16=dist/exp/s16/cachalot")
+OLD=${OLD:-s16=dist/exp/s16/cachalot}
+BL=("new=dist/cuda/bin/cachalot" "$OLD")
 dist/cuda/bin/cachalot replay --backend cuda --json --passes 2 "${TR[@]}" >/dev/null 2>&1
 for r in $(seq 1 "$ROUNDS"); do
   for i in 0 1; do
@@ -28,7 +30,7 @@ for r in $(seq 1 "$ROUNDS"); do
   timeout 100 dist/cuda/build/torch_replay --passes=5 --mode=default "${TR[@]}" 2>/dev/null \
     | grep '^{' | tag torch default "$r" >>"$R"
 done
-python3 - "$R" <<'P'
+python3 - "$R" "${OLD%%=*}" <<'P'
 import json, sys, os, statistics as st, collections
 w = collections.defaultdict(dict)
 for line in open(sys.argv[1]):
@@ -40,7 +42,7 @@ print("warm ns/op per round (first build of the round marked *), median ratio to
 for cfg in ["default", "expandable_segments:True"]:
     for t in traces:
         base = w[("torch", "default", t)]
-        for b in ["new", "s16"]:
+        for b in ["new", sys.argv[2]]:
             d = w.get((b, cfg, t), {})
             rs = sorted(d)
             ratios = [d[r] / base[r] for r in rs if r in base]

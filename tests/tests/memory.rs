@@ -91,10 +91,14 @@ fn free_pages_of_one_stream_serve_another() {
 /// recycling moved to another stream stays mapped at its old place, so
 /// when it moves back (the second allocation below) no driver call is
 /// made: no creation, no mapping, no unmap, no access set; the data
-/// written through the returned memory is there. `empty_cache` then
-/// unmaps every ghost with the pages, and nothing is left on the device.
+/// written through the returned memory is there. The three runs that come
+/// back lie one below the other in s1's free block (they were mapped there
+/// last first), so they leave it in one move (one `segment_unmap` of the
+/// memory history, of all 50 MiB; "Cheaper moves", session 18). `empty_cache` then unmaps every ghost
+/// with the pages, and nothing is left on the device.
 #[test]
 fn ghost_mappings_bring_memory_back_without_a_driver_call() {
+    use cachalot_core::engine::history::{HistoryConfig, TraceAction};
     let d = Dev::new(CACHALOT);
     let s1 = d.stream();
     let (a, sep, c) = two_apart(&d);
@@ -105,9 +109,26 @@ fn ghost_mappings_bring_memory_back_without_a_driver_call() {
     d.m.use_memory(s1, b, 100 * MIB, 1).unwrap();
     d.free(b);
     let calls = vmm_calls(&d.m);
+    d.a.record_memory_history(Some(HistoryConfig::default()));
     let a2 = d.alloc(50 * MIB); // past the peak: s1's pages move back
     assert_eq!(a2, a, "the lowest chain");
     assert_eq!(vmm_calls(&d.m), calls, "no driver call");
+    let moves: Vec<(u64, u64)> =
+        d.a.memory_history()
+            .iter()
+            .filter(|e| e.action == TraceAction::SegmentUnmap)
+            .map(|e| (e.addr, e.size))
+            .collect();
+    assert!(
+        matches!(moves[..], [(at, len)] if len == 50 * MIB && b <= at && at + len <= b + 100 * MIB),
+        "the three runs in one move out of b: {moves:?}"
+    );
+    assert_eq!(
+        d.a.ghost_mappings(),
+        6,
+        "three ghosts at a traded for three in b"
+    );
+    d.a.record_memory_history(None);
     assert_eq!(reserved(&d), 102 * MIB as i64, "the peak did not move");
     d.m.use_memory(d.s0(), a2, 50 * MIB, 2).unwrap();
     assert_eq!(d.m.tag_at(a2 + 50 * MIB - 1), Some(2));
