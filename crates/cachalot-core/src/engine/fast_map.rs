@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-/// A fast hasher for small keys: ids, addresses, streams, graph nodes
+/// A fast hasher for small keys: ids, streams, graph nodes
 /// (one multiply per word: the keys are the engine's own, not an
 /// attacker's, so SipHash's protection buys nothing here).
 #[derive(Default, Clone, Copy)]
