@@ -142,6 +142,67 @@ fn ghost_mappings_bring_memory_back_without_a_driver_call() {
     d.drop_without_vmm_leaks();
 }
 
+/// Memory of `runs` single-page runs on the default stream moves to s1
+/// (their ghosts stay) and back, over a request that takes all of them:
+/// returns the `segment_unmap` entries of the memory history for the way
+/// back (the moves), after checking that the memory came back with no
+/// driver call, that the data written through it is there, and that
+/// nothing leaks.
+fn ghost_homes_moved_back(runs: u64) -> usize {
+    use cachalot_core::engine::history::{HistoryConfig, TraceAction};
+    let d = Dev::new(CACHALOT);
+    let s1 = d.stream();
+    // one page mapped per allocation: `runs` runs side by side, one free
+    // block once freed; a live separator, then a second free block, so
+    // that neither block holds s1's request and no block is lent
+    let pages: Vec<u64> = (0..runs).map(|_| d.alloc(2 * MIB)).collect();
+    let a = pages[0];
+    assert_eq!(
+        pages[runs as usize - 1],
+        a + (runs - 1) * 2 * MIB,
+        "side by side"
+    );
+    let sep = d.alloc(2 * MIB);
+    let c = d.alloc(runs * 2 * MIB);
+    for p in pages {
+        d.free(p);
+    }
+    d.free(c);
+    let b = d.alloc_on(runs * 4 * MIB, s1); // a's and c's memory moves to s1
+    assert_eq!(d.a.lent_blocks(), (0, 0), "no block lent");
+    d.free(b);
+    let calls = vmm_calls(&d.m);
+    d.a.record_memory_history(Some(HistoryConfig::default()));
+    let a2 = d.alloc(runs * 2 * MIB); // past the peak: a's memory moves back
+    assert_eq!(a2, a, "the lowest chain");
+    assert_eq!(vmm_calls(&d.m), calls, "no driver call");
+    let moves =
+        d.a.memory_history()
+            .iter()
+            .filter(|e| e.action == TraceAction::SegmentUnmap)
+            .count();
+    d.a.record_memory_history(None);
+    d.m.use_memory(d.s0(), a2, runs * 2 * MIB, 3).unwrap();
+    assert_eq!(d.m.tag_at(a2 + runs * 2 * MIB - 1), Some(3));
+    assert_eq!((d.m.invalid_access_count(), d.m.race_count()), (0, 0));
+    d.free(a2);
+    d.free(sep);
+    d.a.empty_cache().unwrap();
+    d.drop_without_vmm_leaks();
+    moves
+}
+
+/// Moving memory back through its ghosts groups the home runs that tile
+/// one stretch into one move while a request has at most 64 homes; past
+/// that (the search is quadratic) they move run by run, with the same
+/// outcome.
+#[test]
+fn ghost_homes_group_up_to_a_bound() {
+    let grouped = ghost_homes_moved_back(64);
+    assert!(grouped < 8, "64 homes: {grouped} moves");
+    assert_eq!(ghost_homes_moved_back(65), 65, "65 homes: run by run");
+}
+
 /// On a full device, recycled memory that the new mapping cannot use
 /// (a 24 MiB run, where 4 MiB are to be mapped) is released before the
 /// mapping's own memory is created, not after it fails: the request is

@@ -68,6 +68,12 @@ const HARD_SLACK: u64 = 8;
 /// The most growth that recycling prefers to a wait: 64 MiB (32 pages).
 const HARD_SLACK_MAX: u64 = 64 << 20;
 
+/// The most ghost homes of one request that recycling groups into
+/// stretches moved at once ([`Inner::recycle_pages`]); a request over more
+/// moves them run by run, as before (the grouping's search and the spare
+/// list's reordering grow with the square of the homes).
+const GROUP_HOMES: usize = 64;
+
 /// A recycling call's answers of [`Inner::done_on`]: (stream, stamp up to
 /// which its frees are done), a few streams, kept inline.
 type Seen<S> = SmallVec<[(S, u64); 4]>;
@@ -173,6 +179,9 @@ impl<B: Backend> Inner<B> {
             // piece each run would be looked up in could not be one of the
             // request's chain (else its runs go one at a time).
             let homes = self.ghost_homes(at, bytes);
+            // (the search for a stretch is quadratic in the homes: past
+            // `GROUP_HOMES` they go run by run)
+            let group = homes.len() <= GROUP_HOMES;
             let spared = self.segments.spare.len();
             let mut taken: SmallVec<[bool; 8]> = smallvec::smallvec![false; homes.len()];
             for k in 0..homes.len() {
@@ -197,10 +206,12 @@ impl<B: Backend> Inner<B> {
                 }
                 let (mut from, mut to) = (addr, addr + len);
                 let mut more: SmallVec<[usize; 8]> = SmallVec::new();
-                while let Some(j) = (k + 1..homes.len()).find(|&j| {
-                    let (a, n, _) = homes[j];
-                    !taken[j] && a >= lo && a + n <= hi && (a == to || a + n == from)
-                }) {
+                while group
+                    && let Some(j) = (k + 1..homes.len()).find(|&j| {
+                        let (a, n, _) = homes[j];
+                        !taken[j] && a >= lo && a + n <= hi && (a == to || a + n == from)
+                    })
+                {
                     taken[j] = true;
                     more.push(j);
                     from = from.min(homes[j].0);
@@ -228,8 +239,10 @@ impl<B: Backend> Inner<B> {
                     );
                 }
             }
-            let seq = |id: PhysId| homes.iter().position(|h| h.2 == id);
-            self.segments.spare[spared..].sort_by_key(|s| seq(s.2));
+            if group {
+                let seq = |id: PhysId| homes.iter().position(|h| h.2 == id);
+                self.segments.spare[spared..].sort_by_key(|s| seq(s.2));
+            }
         }
         let r = self.stats.reserved_bytes.all();
         let (current, peak) = (r.current.max(0) as u64, r.peak.max(0) as u64);
