@@ -94,11 +94,11 @@ fn free_pages_of_one_stream_serve_another() {
 /// written through the returned memory is there. The three runs that come
 /// back lie one below the other in s1's free block (they were mapped there
 /// last first), so they leave it in one move (one `segment_unmap` of the
-/// memory history, of all 50 MiB; "Cheaper moves", session 18). `empty_cache` then unmaps every ghost
-/// with the pages, and nothing is left on the device.
+/// memory history, of all 50 MiB; "Cheaper moves", session 18).
+/// `empty_cache` then unmaps every ghost with the pages, and nothing is
+/// left on the device.
 #[test]
 fn ghost_mappings_bring_memory_back_without_a_driver_call() {
-    use cachalot_core::engine::history::{HistoryConfig, TraceAction};
     let d = Dev::new(CACHALOT);
     let s1 = d.stream();
     let (a, sep, c) = two_apart(&d);
@@ -108,17 +108,9 @@ fn ghost_mappings_bring_memory_back_without_a_driver_call() {
     assert_eq!(d.a.ghost_mappings(), 6);
     d.m.use_memory(s1, b, 100 * MIB, 1).unwrap();
     d.free(b);
-    let calls = vmm_calls(&d.m);
-    d.a.record_memory_history(Some(HistoryConfig::default()));
-    let a2 = d.alloc(50 * MIB); // past the peak: s1's pages move back
+    // past the peak: s1's pages move back
+    let (a2, moves) = alloc_moving_without_calls(&d, 50 * MIB);
     assert_eq!(a2, a, "the lowest chain");
-    assert_eq!(vmm_calls(&d.m), calls, "no driver call");
-    let moves: Vec<(u64, u64)> =
-        d.a.memory_history()
-            .iter()
-            .filter(|e| e.action == TraceAction::SegmentUnmap)
-            .map(|e| (e.addr, e.size))
-            .collect();
     assert!(
         matches!(moves[..], [(at, len)] if len == 50 * MIB && b <= at && at + len <= b + 100 * MIB),
         "the three runs in one move out of b: {moves:?}"
@@ -128,7 +120,6 @@ fn ghost_mappings_bring_memory_back_without_a_driver_call() {
         6,
         "three ghosts at a traded for three in b"
     );
-    d.a.record_memory_history(None);
     assert_eq!(reserved(&d), 102 * MIB as i64, "the peak did not move");
     d.m.use_memory(d.s0(), a2, 50 * MIB, 2).unwrap();
     assert_eq!(d.m.tag_at(a2 + 50 * MIB - 1), Some(2));
@@ -142,14 +133,32 @@ fn ghost_mappings_bring_memory_back_without_a_driver_call() {
     d.drop_without_vmm_leaks();
 }
 
+/// Allocates `size` bytes on the default stream with the memory history
+/// on, checking that no driver call is made: the address, and the
+/// (address, bytes) of each `segment_unmap` meanwhile (each move of page
+/// recycling).
+fn alloc_moving_without_calls(d: &Dev, size: u64) -> (u64, Vec<(u64, u64)>) {
+    use cachalot_core::engine::history::{HistoryConfig, TraceAction};
+    let calls = vmm_calls(&d.m);
+    d.a.record_memory_history(Some(HistoryConfig::default()));
+    let p = d.alloc(size);
+    let moves =
+        d.a.memory_history()
+            .iter()
+            .filter(|e| e.action == TraceAction::SegmentUnmap)
+            .map(|e| (e.addr, e.size))
+            .collect();
+    d.a.record_memory_history(None);
+    assert_eq!(vmm_calls(&d.m), calls, "no driver call");
+    (p, moves)
+}
+
 /// Memory of `runs` single-page runs on the default stream moves to s1
 /// (their ghosts stay) and back, over a request that takes all of them:
-/// returns the `segment_unmap` entries of the memory history for the way
-/// back (the moves), after checking that the memory came back with no
-/// driver call, that the data written through it is there, and that
-/// nothing leaks.
+/// returns the number of moves on the way back, after checking that the
+/// memory came back with no driver call, that the data written through it
+/// is there, and that nothing leaks.
 fn ghost_homes_moved_back(runs: u64) -> usize {
-    use cachalot_core::engine::history::{HistoryConfig, TraceAction};
     let d = Dev::new(CACHALOT);
     let s1 = d.stream();
     // one page mapped per allocation: `runs` runs side by side, one free
@@ -171,17 +180,9 @@ fn ghost_homes_moved_back(runs: u64) -> usize {
     let b = d.alloc_on(runs * 4 * MIB, s1); // a's and c's memory moves to s1
     assert_eq!(d.a.lent_blocks(), (0, 0), "no block lent");
     d.free(b);
-    let calls = vmm_calls(&d.m);
-    d.a.record_memory_history(Some(HistoryConfig::default()));
-    let a2 = d.alloc(runs * 2 * MIB); // past the peak: a's memory moves back
+    // past the peak: a's memory moves back
+    let (a2, moves) = alloc_moving_without_calls(&d, runs * 2 * MIB);
     assert_eq!(a2, a, "the lowest chain");
-    assert_eq!(vmm_calls(&d.m), calls, "no driver call");
-    let moves =
-        d.a.memory_history()
-            .iter()
-            .filter(|e| e.action == TraceAction::SegmentUnmap)
-            .count();
-    d.a.record_memory_history(None);
     d.m.use_memory(d.s0(), a2, runs * 2 * MIB, 3).unwrap();
     assert_eq!(d.m.tag_at(a2 + runs * 2 * MIB - 1), Some(3));
     assert_eq!((d.m.invalid_access_count(), d.m.race_count()), (0, 0));
@@ -189,7 +190,7 @@ fn ghost_homes_moved_back(runs: u64) -> usize {
     d.free(sep);
     d.a.empty_cache().unwrap();
     d.drop_without_vmm_leaks();
-    moves
+    moves.len()
 }
 
 /// Moving memory back through its ghosts groups the home runs that tile

@@ -17,7 +17,6 @@ mod block;
 mod capture;
 mod events;
 mod expandable;
-mod fast_map;
 mod free_set;
 pub mod history;
 mod invariants;
