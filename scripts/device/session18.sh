@@ -10,10 +10,11 @@
 #           and s17, default and cachalot's expandable mode, the order
 #           rotating, PyTorch's default mode each round;
 #   PART=2  the CPU topology (lscpu), the threads benchmark (cachalot and
-#           PyTorch's C++ harness, ROUNDS rounds), then 1 and 8 threads
-#           pinned to one logical CPU per physical core (taskset: the same
-#           cores for both allocators), then the cudarc workload, new and
-#           s17 (scripts/device/fences_ab.sh with AB=0).
+#           PyTorch's C++ harness, ROUNDS rounds: threads_ceiling.sh), then
+#           the same pinned to one logical CPU per physical core (taskset:
+#           the same cores for both allocators; cachalot at 1 and 8
+#           threads), then the cudarc workload, new and s17
+#           (scripts/device/fences_ab.sh with AB=0).
 # Logs in $OUT; the tables last.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -33,38 +34,19 @@ grep -E "^(Model name|CPU\(s\)|Thread|Core|Socket|NUMA node\(s\)|CPU max MHz)" "
 # one logical CPU per physical core, in core order
 ONE=$(grep -v '^#' "$OUT/lscpu-p.txt" | awk -F, '!seen[$4","$3","$2]++ {print $1}' | paste -sd, -)
 echo "one CPU per core: $ONE"
-(cd dist/cuda && pytorch/build.sh build >/dev/null 2>&1) || echo "torch harness build failed"
-L=$OUT/threads.txt; : >"$L"
-for r in $(seq 1 "${ROUNDS:-3}"); do
-  echo "== new r$r" >>"$L"; timeout 60 dist/cuda/bin/cachalot threads --backend cuda >>"$L" 2>&1
-  echo "== torch r$r" >>"$L"; timeout 60 dist/cuda/build/torch_threads --mode=default >>"$L" 2>&1
-done
+# the threads benchmark and PyTorch's harness, alternated (threads_ceiling.sh)
+OUT=$OUT/threads ROUNDS=${ROUNDS:-3} BUILDS="new=dist/cuda/bin/cachalot" timeout 200 \
+  scripts/device/threads_ceiling.sh >"$OUT/threads.txt" 2>&1
 echo "threads: after $(( $(date +%s) - S )) s"
-P=$OUT/pinned.txt; : >"$P"
+# the same, every process pinned to one logical CPU per core
 if [ -n "$ONE" ]; then
-  for r in $(seq 1 "${ROUNDS:-3}"); do
-    echo "== new-pinned r$r" >>"$P"
-    timeout 60 taskset -c "$ONE" dist/cuda/bin/cachalot threads --backend cuda --threads 1,8 >>"$P" 2>&1
-    echo "== torch-pinned r$r" >>"$P"
-    timeout 60 taskset -c "$ONE" dist/cuda/build/torch_threads --mode=default --threads=1,8 >>"$P" 2>&1
-  done
+  OUT=$OUT/pinned ROUNDS=${ROUNDS:-3} BUILDS="new=dist/cuda/bin/cachalot" THREADS_LIST=1,8 \
+    timeout 200 taskset -c "$ONE" scripts/device/threads_ceiling.sh >"$OUT/pinned.txt" 2>&1
 fi
 echo "pinned: after $(( $(date +%s) - S )) s"
 OUT=$OUT/cudarc AB=0 RUNS=${RUNS:-2} OLD_MLP=dist/exp/s17/mlp-train timeout 200 \
   scripts/device/fences_ab.sh >"$OUT/cudarc.txt" 2>&1
 echo "cudarc: rc=$? after $(( $(date +%s) - S )) s"
 sed -n '/== mlp-train/,$p' "$OUT/cudarc.txt"
-python3 - "$L" "$P" <<'PY'
-import json, sys, statistics as st, collections
-for path in sys.argv[1:]:
-    rows = collections.defaultdict(lambda: collections.defaultdict(list)); cur = None
-    for line in open(path):
-        if line.startswith("=="): cur = line.split()[1]; continue
-        if line.startswith("{"):
-            j = json.loads(line); rows[cur][j["threads"]].append(j.get("mops_per_s", j.get("mops")))
-    print(path.rsplit("/", 1)[-1], "Mops/s, median (min-max) over rounds")
-    for v, d in rows.items():
-        print("  %-14s" % v + "  ".join("%d: %.2f (%.2f-%.2f)" % (t, st.median(x), min(x), max(x)) for t, x in sorted(d.items())))
-        if 1 in d and 8 in d:
-            print("  %-14s 8 threads / 1 thread: %.2fx" % (v, st.median(d[8]) / st.median(d[1])))
-PY
+echo "== threads"; sed -n '/^Mops/,$p' "$OUT/threads.txt"
+echo "== pinned"; sed -n '/^Mops/,$p' "$OUT/pinned.txt" 2>/dev/null
