@@ -23,10 +23,13 @@
 //! The device replays everything at check-in (every shard held: the stats
 //! are exact for the engine's own code). A log that fills up
 //! ([`LOG_CAP`]) is set aside and offered to the device; a flush
-//! (`CachingAllocator::flush_held`) holds every shard's lock at once, for
-//! as long as it takes to swap their logs for empty ones, as one numbered
-//! window: every entry swapped out was logged before any entry logged
-//! after. It sums the window after letting go of every lock ([`Folds`]:
+//! (`CachingAllocator::flush_held`) reads the clock (its *cut*) and copies
+//! every entry stamped up to the cut out of each shard's logs, one shard
+//! lock at a time, as one numbered window: every entry of the window was
+//! logged before any entry left for the next (an operation that takes a
+//! shard's lock after the flush did reads the clock after the cut), and
+//! the logs stay with their shard (no buffer passes from core to core). It
+//! sums the window after letting go of every lock ([`Folds`]:
 //! flushes on several threads sum theirs in parallel), and the sums are
 //! folded into the stats in the windows' order. A replay of more than a
 //! few entries adds them up per kind of change ([`Window`]: running sums
@@ -258,8 +261,8 @@ pub(crate) fn now() -> u64 {
     CLOCK.fetch_add(1, Ordering::Relaxed)
 }
 
-/// The logs a flush swapped out of the shards: per shard, its set-aside
-/// log and its log (empty ones where it had none).
+/// The entries a flush copied out of the shards' logs: per shard, those
+/// of its set-aside log and those of its log (empty where none).
 pub(crate) type Taken = [[Vec<Entry>; 2]; SHARDS];
 
 /// The flushed windows' summaries waiting to be folded into the device's
@@ -277,7 +280,7 @@ pub(crate) type Taken = [[Vec<Entry>; 2]; SHARDS];
 pub(crate) struct Folds {
     /// Summaries not folded yet, with their window numbers.
     ready: Vec<(u64, Window)>,
-    /// Empty logs of [`LOG_CAP`] capacity.
+    /// Empty buffers of [`LOG_CAP`] capacity for the flushes' windows.
     spares: Vec<Vec<Entry>>,
 }
 
