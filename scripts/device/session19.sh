@@ -3,21 +3,24 @@
 # `cargo xtask bench-cuda` packed dist/cuda and the experimental builds of
 # bench/experiments/threads-ablation-*.patch (README.md there) were copied
 # to dist/exp/{local,noclock,nolog}/ and main's to dist/exp/base/:
-#   1. the threads benchmark's ablation (issue 18): main (`base`) against
-#      builds that leave out, in turn, the flush and summing of the stat
-#      logs (`local`), also the clock read (`noclock`), and every log entry
-#      (`nolog`); THREADS_LIST (1,2,8,16) threads, ROUNDS rounds, through
+#   1. the threads benchmark's ablation (issue 18): main before the
+#      session (`base`, 48318b2), the session's flush by time cut
+#      (`home`, dist/exp/home/), and builds of `base` that leave out, in
+#      turn, the flush and summing of the stat logs (`local`), also the
+#      clock read (`noclock`), and every log entry (`nolog`); THREADS_LIST
+#      (1,2,8,16) threads, ROUNDS rounds, through
 #      scripts/device/threads_ceiling.sh;
 #   2. ORDER_ROUNDS (3) rounds of scripts/device/session17_order.sh with
-#      OLD=base: the default configuration's warm ns/op against PyTorch's
-#      default mode on every trace (issue 18's median and hit_1mib goals;
-#      `new` and `base` are the same code, two builds).
+#      OLD=base: `new` (dist/cuda/bin/cachalot: the `home` build copied
+#      there) and `base` in the default configuration and cachalot's
+#      expandable mode against PyTorch's default mode on every trace
+#      (issue 18's median and hit_1mib goals).
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 lscpu | grep -E "Model name|^CPU\(s\)|Thread\(s\) per core"
 cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>/dev/null
 B=""
-for v in base local noclock nolog; do [ -x dist/exp/$v/cachalot ] && B="$B $v=dist/exp/$v/cachalot"; done
+for v in base home local noclock nolog; do [ -x dist/exp/$v/cachalot ] && B="$B $v=dist/exp/$v/cachalot"; done
 BUILDS="${B# }" THREADS_LIST=${THREADS_LIST:-1,2,8,16} ROUNDS=${ROUNDS:-3} \
   timeout 300 scripts/device/threads_ceiling.sh > "$OUT/ablation.txt" 2>&1
 OLD=base=dist/exp/base/cachalot ROUNDS=${ORDER_ROUNDS:-3} \
