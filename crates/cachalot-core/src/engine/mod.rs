@@ -586,10 +586,12 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// With the device lock held: the window of every entry stamped up to
     /// now (the cut), taken from each occupied shard in turn, one shard lock
-    /// at a time, by copying them out of its logs (the logs stay with their
-    /// shard); then, with every lock let go, the window is summed, filed,
-    /// and folded with the others ready if the device lock is free
-    /// (`stat_log.rs`, `docs/design-shards.md` "Session 19").
+    /// at a time: each log holding such entries is swapped for a spare of
+    /// that shard's, which takes the entries logged after the cut (usually
+    /// none); then, with every lock let go, the window is summed, filed,
+    /// and folded with the others ready if the device lock is free, and its
+    /// logs go back to their shard's spares (`stat_log.rs`,
+    /// `docs/design-shards.md` "Session 19").
     ///
     /// Every entry stamped up to the cut is in its shard's log when the
     /// flush takes that shard's lock: an operation stamps and logs under its
@@ -606,27 +608,32 @@ impl<B: Backend> CachingAllocator<B> {
         // what other flushes filed meanwhile (so that the sums waiting stay
         // as few as the windows being summed)
         self.settle(&mut inner, false);
-        // buffers for the window, taken before the shard locks
-        let mut taken: stat_log::Taken = std::array::from_fn(|_| [Vec::new(), Vec::new()]);
+        // each shard's spares, taken before the shard locks
+        let mut fresh: stat_log::Taken = std::array::from_fn(|_| [Vec::new(), Vec::new()]);
         {
             let mut f = sync::lock(&self.folds);
             for k in shards_in(inner.occupied) {
-                for t in &mut taken[k] {
-                    *t = f.spare();
+                for t in &mut fresh[k] {
+                    *t = f.spare(k);
                 }
             }
         }
+        let mut taken: stat_log::Taken = std::array::from_fn(|_| [Vec::new(), Vec::new()]);
         let cut = stat_log::now();
         let (mut any, mut left) = (false, false);
         for k in shards_in(inner.occupied) {
             let mut g = spin_lock(&self.shards[k].0);
             let sh = &mut *g;
             sh.rotated = false;
-            for (log, t) in [&mut sh.full, &mut sh.log].into_iter().zip(&mut taken[k]) {
+            let logs = [&mut sh.full, &mut sh.log].into_iter();
+            for (log, (t, spare)) in logs.zip(taken[k].iter_mut().zip(&mut fresh[k])) {
                 let n = log.partition_point(|e| e.ts <= cut);
                 if n > 0 {
-                    t.extend_from_slice(&log[..n]);
-                    log.drain(..n);
+                    // the entries after the cut go on in the spare
+                    spare.extend_from_slice(&log[n..]);
+                    std::mem::swap(log, spare);
+                    spare.truncate(n);
+                    *t = std::mem::take(spare);
                     any = true;
                 }
             }
@@ -634,7 +641,7 @@ impl<B: Backend> CachingAllocator<B> {
         }
         inner.cut_left += left as u64;
         if !any {
-            sync::lock(&self.folds).give_back(taken.iter_mut().flatten());
+            sync::lock(&self.folds).give_back(&mut fresh);
             return;
         }
         let window = inner.windows_out;
@@ -644,7 +651,8 @@ impl<B: Backend> CachingAllocator<B> {
         {
             let mut f = sync::lock(&self.folds);
             f.deposit(window, sum);
-            f.give_back(taken.iter_mut().flatten());
+            f.give_back(&mut taken);
+            f.give_back(&mut fresh);
         }
         if let Some(mut inner) = sync::try_lock(&self.inner) {
             self.settle(&mut inner, false);
