@@ -12,6 +12,8 @@
 #      clock read (`noclock`), and every log entry (`nolog`); THREADS_LIST
 #      (1,2,8,16) threads, ROUNDS rounds, through
 #      scripts/device/threads_ceiling.sh;
+#      (`home` and `home2` are bench/experiments/threads-timecut-flush.patch
+#      in two versions: measured, not kept);
 #   2. ORDER_ROUNDS (2) rounds of scripts/device/session17_order.sh with
 #      OLD=base: `new` (dist/cuda/bin/cachalot: the `home2` build copied
 #      there) and `base` in the default configuration and cachalot's
@@ -29,3 +31,9 @@ OLD=base=dist/exp/base/cachalot ROUNDS=${ORDER_ROUNDS:-2} \
   timeout 220 scripts/device/session17_order.sh > "$OUT/order.txt" 2>&1
 tail -30 "$OUT/order.txt"
 tail -12 "$OUT/ablation.txt"
+# Run 2 of the session: `cp dist/exp/base/cachalot dist/cuda/bin/cachalot`
+# here, then there `OLD=base=dist/exp/base/cachalot ROUNDS=4
+# scripts/device/session17_order.sh` (two copies of main: the host's spread).
+# Run 3: `dist/exp/clock/clock_scaling 1,2,4,8,16` three times (the clock
+# read's cost by thread count; `cargo build --release -p cachalot-core
+# --example clock_scaling`).

@@ -550,14 +550,6 @@ impl<B: Backend> CachingAllocator<B> {
         self.lock().handovers
     }
 
-    /// The flushes of the shards' stat logs that left, in some shard,
-    /// entries logged after their cut (taken by the next window). A testing
-    /// hook.
-    #[doc(hidden)]
-    pub fn flushes_leaving_entries(&self) -> u64 {
-        self.lock().cut_left
-    }
-
     /// Makes the shards log from now on, as after two threads' fast
     /// operations took turns on the shared mirror. A testing hook: the logs and
     /// their flushes run on one thread, deterministically.
@@ -584,23 +576,11 @@ impl<B: Backend> CachingAllocator<B> {
         }
     }
 
-    /// With the device lock held: the window of every entry stamped up to
-    /// now (the cut), taken from each occupied shard in turn, one shard lock
-    /// at a time: each log holding such entries is swapped for a spare of
-    /// that shard's, which takes the entries logged after the cut (usually
-    /// none); then, with every lock let go, the window is summed, filed,
-    /// and folded with the others ready if the device lock is free, and its
-    /// logs go back to their shard's spares (`stat_log.rs`,
-    /// `docs/design-shards.md` "Session 19").
-    ///
-    /// Every entry stamped up to the cut is in its shard's log when the
-    /// flush takes that shard's lock: an operation stamps and logs under its
-    /// shard's lock, so one that takes the lock after the flush let go of it
-    /// reads the clock later than the cut was read (the stamps follow the
-    /// monotonic clock, `stat_log::now`). Each log is in stamp order, so the
-    /// window is a prefix of each; what a shard logged after the cut stays
-    /// for the next window. Flushes hold the device lock, so their cuts and
-    /// window numbers rise together.
+    /// With the device lock held: every occupied shard's lock (index order,
+    /// as [`Self::lock`]) for as long as it takes to swap its logs for
+    /// empty ones, as the next window; then, with every lock let go, the
+    /// window is summed, filed, and folded with the others ready if the
+    /// device lock is free (`stat_log.rs`).
     fn flush_held(&self, mut inner: MutexGuard<'_, Inner<B>>) {
         if !inner.fast_on {
             return;
@@ -608,38 +588,39 @@ impl<B: Backend> CachingAllocator<B> {
         // what other flushes filed meanwhile (so that the sums waiting stay
         // as few as the windows being summed)
         self.settle(&mut inner, false);
-        // each shard's spares, taken before the shard locks
-        let mut fresh: stat_log::Taken = std::array::from_fn(|_| [Vec::new(), Vec::new()]);
+        // empty logs for the swap, taken before the shard locks
+        let mut fresh: [Vec<stat_log::Entry>; 2 * SHARDS] = std::array::from_fn(|_| Vec::new());
+        let n = 2 * inner.occupied.count_ones() as usize;
         {
             let mut f = sync::lock(&self.folds);
-            for k in shards_in(inner.occupied) {
-                for t in &mut fresh[k] {
-                    *t = f.spare(k);
-                }
+            for l in &mut fresh[..n] {
+                *l = f.spare();
             }
         }
         let mut taken: stat_log::Taken = std::array::from_fn(|_| [Vec::new(), Vec::new()]);
-        let cut = stat_log::now();
-        let (mut any, mut left) = (false, false);
-        for k in shards_in(inner.occupied) {
-            let mut g = spin_lock(&self.shards[k].0);
-            let sh = &mut *g;
-            sh.rotated = false;
-            let logs = [&mut sh.full, &mut sh.log].into_iter();
-            for (log, (t, spare)) in logs.zip(taken[k].iter_mut().zip(&mut fresh[k])) {
-                let n = log.partition_point(|e| e.ts <= cut);
-                if n > 0 {
-                    // the entries after the cut go on in the spare
-                    spare.extend_from_slice(&log[n..]);
-                    std::mem::swap(log, spare);
-                    spare.truncate(n);
-                    *t = std::mem::take(spare);
-                    any = true;
+        let mut any = false;
+        {
+            let mut held: ShardGuards<'_, B::Stream> = std::array::from_fn(|_| None);
+            take_shards(&self.shards, inner.occupied, &mut held);
+            let mut next = fresh.iter_mut();
+            for (k, g) in held.iter_mut().enumerate() {
+                let Some(g) = g else { continue };
+                let sh = &mut **g;
+                sh.rotated = false;
+                for (log, t) in [&mut sh.full, &mut sh.log].into_iter().zip(&mut taken[k]) {
+                    if !log.is_empty() {
+                        // (two spares per shard held were taken: the
+                        // allocation is never needed)
+                        let empty = match next.next() {
+                            Some(e) => std::mem::take(e),
+                            None => Vec::with_capacity(stat_log::LOG_CAP),
+                        };
+                        *t = std::mem::replace(log, empty);
+                        any = true;
+                    }
                 }
             }
-            left |= !(sh.full.is_empty() && sh.log.is_empty());
         }
-        inner.cut_left += left as u64;
         if !any {
             sync::lock(&self.folds).give_back(&mut fresh);
             return;
@@ -651,7 +632,7 @@ impl<B: Backend> CachingAllocator<B> {
         {
             let mut f = sync::lock(&self.folds);
             f.deposit(window, sum);
-            f.give_back(&mut taken);
+            f.give_back(taken.iter_mut().flatten());
             f.give_back(&mut fresh);
         }
         if let Some(mut inner) = sync::try_lock(&self.inner) {

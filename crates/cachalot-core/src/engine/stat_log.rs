@@ -23,15 +23,10 @@
 //! The device replays everything at check-in (every shard held: the stats
 //! are exact for the engine's own code). A log that fills up
 //! ([`LOG_CAP`]) is set aside and offered to the device; a flush
-//! (`CachingAllocator::flush_held`) reads the clock (its *cut*) and takes
-//! every entry stamped up to the cut out of each shard's logs, one shard
-//! lock at a time (a log holding such entries is swapped for a spare of
-//! that shard's, and the entries after the cut move over to it), as one
-//! numbered window: every entry of the window was logged before any entry
-//! left for the next (an operation that takes a shard's lock after the
-//! flush did reads the clock after the cut). It sums the window after
-//! letting go of every lock, and its logs go back to their shard's spares
-//! ([`Folds`]:
+//! (`CachingAllocator::flush_held`) holds every shard's lock at once, for
+//! as long as it takes to swap their logs for empty ones, as one numbered
+//! window: every entry swapped out was logged before any entry logged
+//! after. It sums the window after letting go of every lock ([`Folds`]:
 //! flushes on several threads sum theirs in parallel), and the sums are
 //! folded into the stats in the windows' order. A replay of more than a
 //! few entries adds them up per kind of change ([`Window`]: running sums
@@ -263,8 +258,8 @@ pub(crate) fn now() -> u64 {
     CLOCK.fetch_add(1, Ordering::Relaxed)
 }
 
-/// The logs a flush took out of the shards (or spares for them): per
-/// shard, its set-aside log and its log (empty ones where none).
+/// The logs a flush swapped out of the shards: per shard, its set-aside
+/// log and its log (empty ones where it had none).
 pub(crate) type Taken = [[Vec<Entry>; 2]; SHARDS];
 
 /// The flushed windows' summaries waiting to be folded into the device's
@@ -282,31 +277,25 @@ pub(crate) type Taken = [[Vec<Entry>; 2]; SHARDS];
 pub(crate) struct Folds {
     /// Summaries not folded yet, with their window numbers.
     ready: Vec<(u64, Window)>,
-    /// Empty logs of [`LOG_CAP`] capacity, by the shard they came from
-    /// (a flush gives a shard back its own: a log stays with its shard and
-    /// the flushers that sum it).
-    spares: [Vec<Vec<Entry>>; SHARDS],
+    /// Empty logs of [`LOG_CAP`] capacity.
+    spares: Vec<Vec<Entry>>,
 }
 
 impl Folds {
-    /// An empty log of `LOG_CAP` capacity for shard `k`, one of its own
-    /// if there is one (made on the first flushes, then reused: the fast
-    /// path never allocates).
-    pub(crate) fn spare(&mut self, k: usize) -> Vec<Entry> {
-        self.spares[k]
+    /// An empty log of `LOG_CAP` capacity (made on the first flushes, then
+    /// reused: the fast path never allocates).
+    pub(crate) fn spare(&mut self) -> Vec<Entry> {
+        self.spares
             .pop()
             .unwrap_or_else(|| Vec::with_capacity(LOG_CAP))
     }
 
-    /// Keeps `logs` (emptied; by shard, as [`Taken`]) as their shards'
-    /// spares.
-    pub(crate) fn give_back(&mut self, logs: &mut Taken) {
-        for (spares, pair) in self.spares.iter_mut().zip(logs) {
-            for log in pair {
-                if log.capacity() >= LOG_CAP {
-                    log.clear();
-                    spares.push(std::mem::take(log));
-                }
+    /// Keeps `logs` (emptied) as spares.
+    pub(crate) fn give_back<'a>(&mut self, logs: impl IntoIterator<Item = &'a mut Vec<Entry>>) {
+        for log in logs {
+            if log.capacity() >= LOG_CAP {
+                log.clear();
+                self.spares.push(std::mem::take(log));
             }
         }
     }
@@ -968,19 +957,12 @@ mod tests {
         f.fold_ready(&mut next, &mut s);
         assert_eq!((next, peak(&s)), (2, (4, 10)));
         assert_eq!(f.waiting(), 0);
-        // the logs go back as their shard's spares, with their capacity
-        let mut log = f.spare(3);
+        // the logs go back as spares, with their capacity
+        let mut log = f.spare();
         assert!(log.capacity() >= LOG_CAP);
         log.push(alloc(9, 1));
-        let ptr = log.as_ptr();
-        let mut back: Taken = std::array::from_fn(|_| [Vec::new(), Vec::new()]);
-        back[3][1] = log;
-        f.give_back(&mut back);
-        assert_eq!(f.spares.iter().map(Vec::len).sum::<usize>(), 1);
-        assert!(f.spares[3][0].is_empty() && f.spares[3][0].capacity() >= LOG_CAP);
-        // another shard gets a new one; shard 3 its own
-        let (other, own) = (f.spare(4), f.spare(3));
-        assert_ne!(other.as_ptr(), ptr);
-        assert_eq!(own.as_ptr(), ptr);
+        f.give_back([&mut log, &mut Vec::new()]);
+        assert_eq!(f.spares.len(), 1);
+        assert!(f.spares[0].is_empty() && f.spares[0].capacity() >= LOG_CAP);
     }
 }

@@ -131,9 +131,6 @@ pub(crate) struct Inner<B: Backend> {
     /// The times the shared mirror was handed from one thread to another
     /// (`CachingAllocator::handover`).
     pub(super) handovers: u64,
-    /// Flushes whose cut left entries logged after it in a shard (the
-    /// next window takes them; a testing hook counts them).
-    pub(super) cut_left: u64,
     /// Short turns on the shared mirror in a row (`shard::SHORT_TURN`).
     pub(super) short_turns: u32,
     /// The number the next flushed window of stat logs gets
@@ -176,7 +173,6 @@ impl<B: Backend> Inner<B> {
             occupied: 0,
             multi_thread: false,
             handovers: 0,
-            cut_left: 0,
             short_turns: 0,
             windows_out: 0,
             windows_folded: 0,
