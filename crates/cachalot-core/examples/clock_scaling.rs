@@ -30,7 +30,10 @@ fn per_thread(t: usize, n: u64, f: impl Fn() -> u64 + Send + Sync + Copy + 'stat
             })
         })
         .collect();
-    let mut v: Vec<f64> = hs.into_iter().map(|h| h.join().unwrap_or(f64::NAN)).collect();
+    let mut v: Vec<f64> = hs
+        .into_iter()
+        .map(|h| h.join().unwrap_or(f64::NAN))
+        .collect();
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
@@ -47,12 +50,13 @@ fn main() {
     static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     static SHARED: AtomicU64 = AtomicU64::new(0);
     let base = *BASE.get_or_init(Instant::now);
-    for t in list.split(',').filter_map(|s| s.trim().parse::<usize>().ok()) {
+    for t in list
+        .split(',')
+        .filter_map(|s| s.trim().parse::<usize>().ok())
+    {
         let t = t.clamp(1, 256);
         let clock = per_thread(t, n, move || base.elapsed().as_nanos() as u64);
         let counter = per_thread(t, n, || SHARED.fetch_add(1, Ordering::Relaxed));
-        println!(
-            "{{\"threads\":{t},\"clock_ns\":{clock:.1},\"shared_counter_ns\":{counter:.1}}}"
-        );
+        println!("{{\"threads\":{t},\"clock_ns\":{clock:.1},\"shared_counter_ns\":{counter:.1}}}");
     }
 }
