@@ -4,16 +4,15 @@
 # bench/experiments/threads-ablation-*.patch (README.md there) were copied
 # to dist/exp/{local,noclock,nolog}/ and main's to dist/exp/base/:
 #   1. the threads benchmark's ablation (issue 18): main before the
-#      session (`base`, 48318b2), the session's flush by time cut
-#      (`home`, dist/exp/home/: the entries copied out of the logs under
-#      the shard's lock; `home2`: the logs swapped for the shard's own
-#      spares, the entries after the cut moved over), and builds of `base` that leave out, in
-#      turn, the flush and summing of the stat logs (`local`), also the
-#      clock read (`noclock`), and every log entry (`nolog`); THREADS_LIST
-#      (1,2,8,16) threads, ROUNDS rounds, through
-#      scripts/device/threads_ceiling.sh;
-#      (`home` and `home2` are bench/experiments/threads-timecut-flush.patch
-#      in two versions: measured, not kept);
+#      session (`base`, 48318b2); the session's flush by time cut, two
+#      versions of bench/experiments/threads-timecut-flush.patch, measured
+#      and not kept (`home`, dist/exp/home/: the entries copied out of the
+#      logs under the shard's lock; `home2`: the logs swapped for the
+#      shard's own spares, the entries after the cut moved over); and
+#      builds of `base` that leave out, in turn, the flush and summing of
+#      the stat logs (`local`), also the clock read (`noclock`), and every
+#      log entry (`nolog`). THREADS_LIST (1,2,8,16) threads, ROUNDS rounds,
+#      through scripts/device/threads_ceiling.sh;
 #   2. ORDER_ROUNDS (2) rounds of scripts/device/session17_order.sh with
 #      OLD=base: `new` (dist/cuda/bin/cachalot: the `home2` build copied
 #      there) and `base` in the default configuration and cachalot's

@@ -47,9 +47,8 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .filter(|&v| (1..=1_000_000_000).contains(&v))
         .unwrap_or(2_000_000);
-    static BASE: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     static SHARED: AtomicU64 = AtomicU64::new(0);
-    let base = *BASE.get_or_init(Instant::now);
+    let base = Instant::now();
     for t in list
         .split(',')
         .filter_map(|s| s.trim().parse::<usize>().ok())
