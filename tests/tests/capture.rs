@@ -15,6 +15,17 @@ const OFF: &str = "graph_capture_record_stream_reuse:False";
 const PYTORCH: &str = "graph_capture_record_stream_reuse:pytorch";
 const CROSS: &str = "graph_capture_record_stream_reuse:True";
 const MODES: [&str; 3] = [OFF, PYTORCH, CROSS];
+/// The three reuse modes in expandable segments, cachalot's mode and
+/// PyTorch's: a private pool's segments grow by mapping pages, and
+/// `empty_cache` merges free neighbours of idle streams there too.
+const EXPANDABLE_MODES: [&str; 6] = [
+    "graph_capture_record_stream_reuse:False,expandable_segments:True",
+    "graph_capture_record_stream_reuse:pytorch,expandable_segments:True",
+    "graph_capture_record_stream_reuse:True,expandable_segments:True",
+    "graph_capture_record_stream_reuse:False,placement:pytorch,expandable_segments:True",
+    "graph_capture_record_stream_reuse:pytorch,placement:pytorch,expandable_segments:True",
+    "graph_capture_record_stream_reuse:True,placement:pytorch,expandable_segments:True",
+];
 
 /// Outcome of a 2-stream scenario: (before-join alloc reused data1, after-join alloc reused data1).
 fn two_streams(
@@ -336,8 +347,11 @@ fn default_pool_block_returns_to_default_pool() {
 #[test]
 fn no_event_queries_during_capture() {
     // The mock's global capture mode invalidates a capture on any event
-    // query: a long mixed program must end cleanly in every mode.
-    for cfg in MODES {
+    // query: a long mixed program must end cleanly in every mode. In
+    // expandable segments its `empty_cache` merges free blocks of two
+    // streams in a private pool's segment: that merge once took
+    // `inactive_split` below zero, a stat expandable blocks never enter.
+    for cfg in MODES.into_iter().chain(EXPANDABLE_MODES) {
         let ops: Vec<Op> = (0..400)
             .map(|i| match i % 5 {
                 0 | 3 => Op::Alloc {
@@ -379,6 +393,16 @@ proptest! {
     ) {
         // races and invariants are checked after every operation
         for cfg in MODES {
+            run_program(cfg, nstreams, &ops);
+        }
+    }
+
+    #[test]
+    fn random_capture_programs_in_expandable_segments_are_race_free(
+        nstreams in 2usize..=5,
+        ops in prop::collection::vec(op_strategy(), 1..200),
+    ) {
+        for cfg in EXPANDABLE_MODES {
             run_program(cfg, nstreams, &ops);
         }
     }

@@ -218,7 +218,11 @@ impl<B: Backend> Inner<B> {
                 let st = self.blocks[id].stat_type();
                 self.blocks.absorb_next(id);
                 let b = &self.blocks[id];
-                self.stats.on_merge_split(st, b.size, b.is_split());
+                // expandable blocks stay out of `inactive_split` (PyTorch
+                // 2.11), so their merges change nothing there
+                if !b.expandable {
+                    self.stats.on_merge_split(st, b.size, b.is_split());
+                }
                 self.insert_free(id);
                 // stay on `id`: it may merge with its new next neighbour too
             }
