@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Memory/count parity check for `cachalot replay` on the mock backend.
 
-The baseline in the repository: scripts/parity_baseline.json (42 cases),
+The baseline in the repository: scripts/parity_baseline.json (48 cases),
     python3 scripts/parity_figures.py --check scripts/parity_baseline.json --bin BIN
 
 For every trace (the three files in traces/ plus the synthetic hit_1mib,
@@ -41,12 +41,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRACES = ("traces/gpt2_train.trace", "traces/resnet50_train.trace",
           "traces/side_stream_pipeline.trace",
           "hit_1mib", "churn_1stream", "churn_4streams")
-CONFIGS = ("",
+CONFIGS = (# the default: cachalot's expandable mode on the mock (it has
+           # virtual memory), the same figures as "expandable_segments:True"
+           "",
            "placement:pytorch",
-           "idle_stream_reuse:True",
+           # fixed segments with cachalot's placement
+           "expandable_segments:False",
+           "idle_stream_reuse:True,expandable_segments:False",
            "placement:pytorch,idle_stream_reuse:True",
            "max_split_size_mb:256,garbage_collection_threshold:0.8,"
-           "per_process_memory_fraction:0.9",
+           "per_process_memory_fraction:0.9,expandable_segments:False",
            # PyTorch 2.11's expandable mode, and cachalot's (page recycling)
            "placement:pytorch,expandable_segments:True",
            "expandable_segments:True")

@@ -10,6 +10,10 @@ use crate::Harness;
 pub const MIB: u64 = 1 << 20;
 /// 2^30.
 pub const GIB: u64 = 1 << 30;
+/// Fixed segments (PyTorch's default mode with cachalot's placement): the
+/// config of the tests written for segments that never grow, since the
+/// default on a backend with virtual memory is expandable segments.
+pub const FIXED: &str = "expandable_segments:False";
 /// Total memory of an NVIDIA H200 as the driver reports it.
 pub const H200_BYTES: u64 = 150_754_820_096;
 

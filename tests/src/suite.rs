@@ -14,6 +14,10 @@ pub type Check<H> = (&'static str, fn(&H));
 pub fn all<H: Harness>() -> Vec<Check<H>> {
     vec![
         ("alloc_free_reuse", alloc_free_reuse::<H>),
+        (
+            "default_config_reuses_and_returns_everything",
+            default_config_reuses_and_returns_everything::<H>,
+        ),
         ("data_survives_reuse", data_survives_reuse::<H>),
         (
             "record_stream_defers_reuse",
@@ -386,6 +390,50 @@ pub fn expandable_empty_cache_returns_every_page<H: Harness>(h: &H) {
     }
 }
 
+/// The default configuration: expandable segments (cachalot's mode) where
+/// the backend has virtual memory, fixed segments elsewhere. A freed block
+/// is handed out again for the same size with no device call, blocks of
+/// both pools on two streams are served, and `empty_cache` gives every
+/// byte back to the driver.
+pub fn default_config_reuses_and_returns_everything<H: Harness>(h: &H) {
+    let a = h.allocator("");
+    let b = a.backend();
+    let vmm = b.virtual_memory().is_some();
+    assert_eq!(a.config().expandable_segments, vmm, "the default's mode");
+    let s0 = b.default_stream();
+    let side = h.new_stream(b);
+    let s1 = h.handle(&side);
+    let before = b.memory_info().expect("info").free;
+    let p = a.allocate(3 * MIB, s0).expect("alloc");
+    a.free(p).expect("free");
+    let calls = a.stats().num_device_alloc;
+    let q = a.allocate(3 * MIB, s0).expect("alloc");
+    assert_eq!(p, q, "cached block reused");
+    assert_eq!(a.stats().num_device_alloc, calls, "no device call on a hit");
+    let mut ptrs = vec![q];
+    for (i, n) in [1000u64, 40 * MIB, 600 * 1024, 9 * MIB]
+        .into_iter()
+        .enumerate()
+    {
+        let s = if i % 2 == 0 { s1 } else { s0 };
+        ptrs.push(a.allocate(n, s).expect("alloc"));
+    }
+    check(&a);
+    for p in ptrs {
+        a.free(p).expect("free");
+    }
+    a.empty_cache().expect("empty_cache");
+    assert_eq!(a.stats().reserved_bytes.all().current, 0, "all released");
+    assert_eq!(a.snapshot().segments.len(), 0, "no segment left");
+    let after = b.memory_info().expect("info").free;
+    assert!(
+        after + 16 * MIB > before,
+        "device memory came back ({before} -> {after})"
+    );
+    check(&a);
+    drop(side);
+}
+
 /// Runs every check, printing one line each, and returns (passed, failed).
 pub fn run_all<H: Harness>(h: &H) -> (usize, usize) {
     let (mut passed, mut failed) = (0, 0);
@@ -416,9 +464,9 @@ fn check<B: Backend>(a: &cachalot_core::CachingAllocator<B>) {
 }
 
 /// A freed block is handed out again for the same size on the same stream,
-/// without a new device allocation.
+/// without a new device allocation (fixed segments).
 pub fn alloc_free_reuse<H: Harness>(h: &H) {
-    let a = h.allocator("");
+    let a = h.allocator(crate::mock::FIXED);
     let s = a.backend().default_stream();
     let p = a.allocate(3 * MIB, s).expect("alloc");
     assert_ne!(p, 0);
@@ -499,9 +547,10 @@ pub fn record_stream_defers_reuse<H: Harness>(h: &H) {
     drop(side);
 }
 
-/// `empty_cache` returns whole free segments and keeps ones with live blocks.
+/// `empty_cache` returns whole free segments and keeps ones with live
+/// blocks (fixed segments).
 pub fn empty_cache_returns_segments<H: Harness>(h: &H) {
-    let a = h.allocator("");
+    let a = h.allocator(crate::mock::FIXED);
     let s = a.backend().default_stream();
     let before = a.backend().memory_info().expect("info").free;
     let p = a.allocate(64 * MIB, s).expect("alloc");

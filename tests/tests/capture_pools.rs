@@ -3,7 +3,7 @@
 //! blocks are free, abandoned captures (PyTorch #190308), no release-all
 //! retry and no event query during capture, and typed errors for misuse.
 
-use cachalot_conformance::mock::MIB;
+use cachalot_conformance::mock::{FIXED, MIB};
 use cachalot_core::{
     AllocatorConfig, CachingAllocator, CaptureError, Error, PoolFilter, graph_pool_handle,
 };
@@ -11,7 +11,8 @@ use cachalot_mock::{MockBackend, MockConfig, MockStream};
 
 fn setup(capacity: u64) -> (MockBackend, CachingAllocator<MockBackend>, MockStream) {
     let m = MockConfig::new(capacity).auto_complete(true).build();
-    let a = CachingAllocator::with_config(m.clone(), AllocatorConfig::default()).unwrap();
+    let a =
+        CachingAllocator::with_config(m.clone(), AllocatorConfig::parse(FIXED).unwrap()).unwrap();
     let s = m.create_stream();
     (m, a, s)
 }

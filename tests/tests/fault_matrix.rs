@@ -11,7 +11,7 @@
 //! (`cargo test --test fault_matrix -- --nocapture`) and kept in
 //! `docs/reliability.md`.
 
-use cachalot_conformance::mock::MIB;
+use cachalot_conformance::mock::{FIXED, MIB};
 use cachalot_core::{
     AllocatorConfig, Backend, CachingAllocator, Error, PoolFilter, PoolId, graph_pool_handle,
 };
@@ -33,9 +33,16 @@ struct World {
 }
 
 impl World {
+    /// Fixed segments (`FIXED` added to `config`): the matrix counts
+    /// `Malloc` and `Free`, the calls of fixed segments.
     fn new(capacity: u64, config: &str) -> Self {
         let m = MockConfig::new(capacity).auto_complete(false).build();
-        let a = CachingAllocator::with_config(m.clone(), AllocatorConfig::parse(config).unwrap())
+        let config = if config.is_empty() {
+            FIXED.to_string()
+        } else {
+            format!("{config},{FIXED}")
+        };
+        let a = CachingAllocator::with_config(m.clone(), AllocatorConfig::parse(&config).unwrap())
             .unwrap();
         let (s0, side) = (m.create_stream(), m.create_stream());
         Self {

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
-use cachalot_conformance::mock::{Dev, GIB, MIB};
+use cachalot_conformance::mock::{Dev, FIXED, GIB, MIB};
 use cachalot_core::{AllocatorConfig, Backend, CachingAllocator, Error};
 use cachalot_mock::{MockBackend, MockConfig};
 
@@ -26,7 +26,7 @@ fn observable(
 
 #[test]
 fn free_with_failing_event_creation_changes_nothing_and_a_retry_frees() {
-    let d = Dev::manual("");
+    let d = Dev::manual(FIXED);
     let side = d.stream();
     let p = d.alloc(4 * MIB);
     d.a.record_stream(p, side).unwrap();
@@ -60,7 +60,7 @@ fn free_with_failing_event_creation_changes_nothing_and_a_retry_frees() {
 fn free_with_several_streams_and_a_late_failure_rolls_back() {
     // the second of three events fails to be created: the first, already
     // recorded, goes back to the pool; nothing is queued
-    let d = Dev::manual("");
+    let d = Dev::manual(FIXED);
     let (s1, s2, s3) = (d.stream(), d.stream(), d.stream());
     let p = d.alloc(MIB);
     for s in [s1, s2, s3] {
@@ -83,7 +83,7 @@ fn free_with_several_streams_and_a_late_failure_rolls_back() {
 
 #[test]
 fn empty_cache_goes_on_past_a_failed_free_and_reports_it() {
-    let d = Dev::new("");
+    let d = Dev::new(FIXED);
     // three whole segments (large requests, one segment each)
     let ps: Vec<u64> = (0..3).map(|_| d.alloc(30 * MIB)).collect();
     for &p in &ps {
@@ -120,7 +120,7 @@ fn oom_ladder_goes_on_past_a_failed_free() {
     // 100 MiB device; two cached 40 MiB segments; a 60 MiB request must
     // release both; one release fails, so the request still fits after the
     // other (40 + 60 = 100): it succeeds, the failed segment stays cached
-    let d = Dev::with_capacity("", 100 * MIB);
+    let d = Dev::with_capacity(FIXED, 100 * MIB);
     let a = d.alloc(40 * MIB);
     let b = d.alloc(40 * MIB);
     d.free(a);
@@ -139,7 +139,8 @@ fn oom_ladder_goes_on_past_a_failed_free() {
 /// An allocator in an `Arc`, with an observer that calls back into it.
 fn reentrant_allocator() -> (Arc<CachingAllocator<MockBackend>>, Arc<AtomicUsize>) {
     let m = MockConfig::new(GIB).auto_complete(true).build();
-    let a = Arc::new(CachingAllocator::with_config(m, AllocatorConfig::default()).unwrap());
+    let a =
+        Arc::new(CachingAllocator::with_config(m, AllocatorConfig::parse(FIXED).unwrap()).unwrap());
     let calls = Arc::new(AtomicUsize::new(0));
     let weak: Weak<CachingAllocator<MockBackend>> = Arc::downgrade(&a);
     let c = calls.clone();
@@ -182,7 +183,7 @@ fn observers_may_call_back_into_the_allocator() {
 #[test]
 fn observers_can_be_removed() {
     let m = MockConfig::new(GIB).auto_complete(true).build();
-    let a = CachingAllocator::with_config(m, AllocatorConfig::default()).unwrap();
+    let a = CachingAllocator::with_config(m, AllocatorConfig::parse(FIXED).unwrap()).unwrap();
     let calls = Arc::new(AtomicUsize::new(0));
     let c = calls.clone();
     let id = a.add_oom_observer(Arc::new(move |_| {

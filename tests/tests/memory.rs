@@ -794,6 +794,77 @@ fn recorded_traces_reserve_no_more_than_pytorch_expandable() {
     }
 }
 
+/// Issue 15, item 3, on the mock (whose peaks equal the H200's): the
+/// default configuration (cachalot's expandable mode on a backend with
+/// virtual memory) reserves at its peak no more than the lowest of
+/// PyTorch's three modes (default, expandable, cudaMallocAsync) and than
+/// RMM's smallest pool and arena, on every trace, as a ratio to the
+/// trace's live peak; and at most 1.10x the live peak on every trace with
+/// at least 400 MB live.
+#[test]
+fn the_default_reserves_less_than_every_pytorch_mode_and_rmm() {
+    let json = |name: &str| -> serde_json::Value {
+        let path = cachalot_conformance::traces_dir().join(name);
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("anchor")).expect("json")
+    };
+    let (modes, rmm) = (json("pytorch-modes-h200.json"), json("rmm-fit-h200.json"));
+    for name in [
+        "gpt2_train",
+        "resnet50_train",
+        "side_stream_pipeline",
+        "churn_1stream",
+        "churn_4streams",
+        "hit_1mib",
+    ] {
+        let t = Trace::synthetic(name).unwrap_or_else(|| trace(name));
+        let m = &modes["traces"][name];
+        let live = m["live_peak"].as_f64().unwrap();
+        let mut bound = f64::INFINITY;
+        for k in [
+            "default_reserved_over_live",
+            "expandable_reserved_over_live",
+            "async_reserved_over_live",
+        ] {
+            bound = bound.min(m[k].as_f64().unwrap());
+        }
+        for k in ["pool_over_live", "arena_over_live"] {
+            if let Some(v) = rmm["traces"][name][k].as_f64() {
+                bound = bound.min(v);
+            }
+        }
+        if live >= 400e6 {
+            bound = bound.min(1.10);
+        }
+        let r = replay_on_mock(&t, 2, "");
+        let ours = r.peak_reserved as f64 / live;
+        println!("{name}: {ours:.4} of the live peak, bound {bound:.4}");
+        assert!(ours <= bound, "{name}: {ours:.4} > {bound:.4}");
+    }
+}
+
+/// A device with less address space left than 1.125x its memory: an
+/// expandable segment's reservation is halved until it fits (down to the
+/// request), so each of three streams gets its segment. A 4 TiB mock keeps
+/// 8 TiB for reservations: 4.5 TiB, then 2.25, then 1.125.
+#[test]
+fn reservations_shrink_to_the_address_space_left() {
+    let d = Dev::with_capacity("", 4 << 40);
+    let streams = [d.s0(), d.stream(), d.stream()];
+    let ptrs: Vec<u64> = streams.iter().map(|&s| d.alloc_on(1 << 40, s)).collect();
+    // 4.5 TiB; 4.5 refused, 2.25; 4.5 and 2.25 refused, 1.125
+    assert_eq!(d.m.call_count(MockCall::Reserve), 6);
+    let mut sizes: Vec<u64> = d.m.live_reservations().iter().map(|r| r.1).collect();
+    sizes.sort_unstable();
+    let t = 1u64 << 40;
+    assert_eq!(sizes, [t + t / 8, 2 * t + t / 4, 4 * t + t / 2]);
+    for p in ptrs {
+        d.free(p);
+    }
+    d.a.empty_cache().unwrap();
+    d.check();
+    assert_eq!(d.m.reservation_count(), 0, "every reservation freed");
+}
+
 /// Replays `trace` for `passes` passes on a manual mock that lags the host
 /// by `lag` uses per stream: every allocation is followed by a use of it on
 /// its stream (as a kernel writing the new tensor), and each stream

@@ -5,7 +5,7 @@
 //! of `churn_1stream` that depend on where the driver places segments
 //! (see [`churn_1stream`]).
 
-use cachalot_conformance::mock::{MIB, replay_on_mock};
+use cachalot_conformance::mock::{FIXED, MIB, replay_on_mock};
 use cachalot_conformance::traces_dir;
 use cachalot_core::replay::Trace;
 
@@ -36,13 +36,22 @@ fn check(name: &str, slack: Slack) {
         Some(t) => t,
         None => Trace::load(traces_dir().join(format!("{name}.trace"))).expect("trace"),
     };
-    let r = replay_on_mock(&trace, 1, "");
+    // PyTorch's default mode exactly, and fixed segments with cachalot's
+    // placement (its first pass is PyTorch's too)
+    for config in ["placement:pytorch", FIXED] {
+        check_config(name, &trace, config, slack);
+    }
+}
+
+/// [`check`] of one configuration.
+fn check_config(name: &str, trace: &Trace, config: &str, slack: Slack) {
+    let r = replay_on_mock(trace, 1, config);
     let a = &anchor()["traces"][name];
     let want_res = a["peak_reserved"].as_i64().unwrap();
     let want_alloc = a["peak_allocated"].as_i64().unwrap();
     let want_dev = a["device_allocs_cold"].as_i64().unwrap();
     println!(
-        "{name}: peak_reserved {} vs {want_res} ({:+}), peak_allocated {} vs {want_alloc} ({:+}), device allocs {} vs {want_dev}",
+        "{name} ({config}): peak_reserved {} vs {want_res} ({:+}), peak_allocated {} vs {want_alloc} ({:+}), device allocs {} vs {want_dev}",
         r.peak_reserved,
         r.peak_reserved - want_res,
         r.peak_allocated,
@@ -52,19 +61,22 @@ fn check(name: &str, slack: Slack) {
     assert_eq!(
         r.ops,
         a["ops"].as_u64().unwrap() as usize,
-        "{name}: op count"
+        "{name} ({config}): op count"
     );
-    assert_eq!(r.peak_allocated, want_alloc, "{name}: peak allocated");
+    assert_eq!(
+        r.peak_allocated, want_alloc,
+        "{name} ({config}): peak allocated"
+    );
     assert!(
         (r.peak_reserved - want_res).abs() <= slack.reserved,
-        "{name}: peak reserved {} vs PyTorch's {want_res} ({:+} B, {} B allowed)",
+        "{name} ({config}): peak reserved {} vs PyTorch's {want_res} ({:+} B, {} B allowed)",
         r.peak_reserved,
         r.peak_reserved - want_res,
         slack.reserved
     );
     assert!(
         (r.device_allocs_cold - want_dev).abs() <= slack.device_allocs,
-        "{name}: {} device allocs vs PyTorch's {want_dev} ({} allowed)",
+        "{name} ({config}): {} device allocs vs PyTorch's {want_dev} ({} allowed)",
         r.device_allocs_cold,
         slack.device_allocs
     );
@@ -115,7 +127,8 @@ fn churn_4streams() {
     check("churn_4streams", EXACT);
 }
 
-/// Steady state. The default placement (`placement:steady`) makes no
+/// Steady state. Fixed segments with cachalot's placement
+/// (`placement:steady,expandable_segments:False`) make no
 /// device call at all after the first pass of every trace, with first-pass
 /// figures equal to PyTorch's; `placement:pytorch` reproduces PyTorch's own
 /// extra allocations (1 on `resnet50_train`, 5 on `churn_4streams`, in
@@ -150,7 +163,7 @@ fn steady_state_device_calls_after_the_first_pass() {
             Some(t) => t,
             None => Trace::load(traces_dir().join(format!("{name}.trace"))).expect("trace"),
         };
-        let steady = replay_on_mock(&trace, 3, "");
+        let steady = replay_on_mock(&trace, 3, FIXED);
         let pytorch = replay_on_mock(&trace, 1, "placement:pytorch");
         assert_eq!(
             steady.device_allocs_all, steady.device_allocs_cold,
@@ -171,7 +184,7 @@ fn steady_state_device_calls_after_the_first_pass() {
         );
         // idle reuse moves segments between streams as their work allows,
         // so it keeps PyTorch's bound on extra allocations, not zero
-        for config in ["", "idle_stream_reuse:True,placement:pytorch"] {
+        for config in [FIXED, "idle_stream_reuse:True,placement:pytorch"] {
             let r = replay_on_mock(&trace, 3, config);
             let a = &anchor()["traces"][name];
             let want = a["peak_reserved"].as_i64().unwrap();
@@ -188,7 +201,7 @@ fn steady_state_device_calls_after_the_first_pass() {
                 extra <= pt_extra,
                 "{name} {config}: {extra} extra device allocs, PyTorch {pt_extra}"
             );
-            if name == "churn_4streams" && !config.is_empty() {
+            if name == "churn_4streams" && config != FIXED {
                 assert!(
                     (r.peak_reserved as f64) < want as f64 * 0.9,
                     "{name}: idle reuse saves memory"

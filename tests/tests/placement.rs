@@ -3,7 +3,7 @@
 //! taken again oldest first, so a workload that runs again replays its
 //! first run's placement and makes no device call.
 
-use cachalot_conformance::mock::{Dev, MIB};
+use cachalot_conformance::mock::{Dev, FIXED, MIB};
 use cachalot_mock::MockStream;
 
 /// A deterministic workload: `n` operations on two streams, each freeing a
@@ -61,7 +61,7 @@ fn workload(
 #[test]
 fn a_repeated_workload_replays_its_placement_with_no_device_call() {
     for seed in 1..=4 {
-        let d = Dev::new("");
+        let d = Dev::new(FIXED);
         let st = [d.s0(), d.stream()];
         let first = workload(&d, &st, seed, 2000, 45, true);
         let s = d.a.stats();
@@ -84,7 +84,7 @@ fn a_repeated_workload_replays_its_placement_with_no_device_call() {
 
 #[test]
 fn dormant_segments_are_taken_oldest_first() {
-    let d = Dev::new("");
+    let d = Dev::new(FIXED);
     // four segments, created in this order: 50, 30, 40, 30 MiB
     let ps: Vec<u64> = [50, 30, 40, 30].iter().map(|&m| d.alloc(m * MIB)).collect();
     for &p in &ps {
@@ -117,7 +117,7 @@ fn dormant_segments_are_taken_oldest_first() {
 
 #[test]
 fn switching_to_pytorch_wakes_dormant_segments() {
-    let d = Dev::new("");
+    let d = Dev::new(FIXED);
     let ps: Vec<u64> = [50, 30].iter().map(|&m| d.alloc(m * MIB)).collect();
     for &p in &ps {
         d.free(p);
@@ -126,7 +126,7 @@ fn switching_to_pytorch_wakes_dormant_segments() {
     d.check();
     assert_eq!(d.alloc(25 * MIB), ps[1], "best fit again");
     // empty_cache releases dormant segments like any other
-    let d = Dev::new("");
+    let d = Dev::new(FIXED);
     let ps: Vec<u64> = [50, 30].iter().map(|&m| d.alloc(m * MIB)).collect();
     for &p in &ps {
         d.free(p);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use cachalot_conformance::mock::GIB;
+use cachalot_conformance::mock::{FIXED, GIB};
 use cachalot_core::{AllocatorConfig, CachingAllocator, Error};
 use cachalot_mock::MockConfig;
 
@@ -26,7 +26,9 @@ fn next(x: &mut u64) -> u64 {
 #[test]
 fn eight_streams_with_a_janitor_every_millisecond() {
     let m = MockConfig::new(16 * GIB).build();
-    let a = Arc::new(CachingAllocator::with_config(m.clone(), AllocatorConfig::default()).unwrap());
+    let a = Arc::new(
+        CachingAllocator::with_config(m.clone(), AllocatorConfig::parse(FIXED).unwrap()).unwrap(),
+    );
     let streams: Vec<_> = (0..8).map(|_| m.create_stream()).collect();
     let stop = Arc::new(AtomicBool::new(false));
     let ops = Arc::new(AtomicU64::new(0));
@@ -125,7 +127,8 @@ fn one_thread_on_four_shards_keeps_peaks_exact() {
     use cachalot_core::PathCounts;
     for (every, logs) in [(7u32, false), (4999, false), (7, true), (4999, true)] {
         let m = MockConfig::new(16 * GIB).build();
-        let a = CachingAllocator::with_config(m.clone(), AllocatorConfig::default()).unwrap();
+        let a = CachingAllocator::with_config(m.clone(), AllocatorConfig::parse(FIXED).unwrap())
+            .unwrap();
         if logs {
             a.force_shard_logs();
         }
@@ -211,7 +214,8 @@ fn peaks_follow_the_order(logs: bool) {
     use cachalot_core::PathCounts;
     use std::sync::Barrier;
     let m = MockConfig::new(16 * GIB).build();
-    let a = CachingAllocator::with_config(m.clone(), AllocatorConfig::default()).unwrap();
+    let a =
+        CachingAllocator::with_config(m.clone(), AllocatorConfig::parse(FIXED).unwrap()).unwrap();
     if logs {
         a.force_shard_logs();
     }
@@ -285,7 +289,8 @@ fn threads_taking_turns_by_phases_hand_the_shared_mirror_over() {
     use cachalot_core::PathCounts;
     use std::sync::Barrier;
     let m = MockConfig::new(16 * GIB).build();
-    let a = CachingAllocator::with_config(m.clone(), AllocatorConfig::default()).unwrap();
+    let a =
+        CachingAllocator::with_config(m.clone(), AllocatorConfig::parse(FIXED).unwrap()).unwrap();
     let (s1, s2) = (m.create_stream(), m.create_stream());
     for s in [s1, s2] {
         let p = a.allocate(64 << 20, s).unwrap();
@@ -376,7 +381,9 @@ fn threads_taking_turns_by_phases_hand_the_shared_mirror_over() {
 #[test]
 fn frees_from_other_threads_are_exact() {
     let m = MockConfig::new(4 * GIB).build();
-    let a = Arc::new(CachingAllocator::with_config(m.clone(), AllocatorConfig::default()).unwrap());
+    let a = Arc::new(
+        CachingAllocator::with_config(m.clone(), AllocatorConfig::parse(FIXED).unwrap()).unwrap(),
+    );
     let s = m.create_stream();
     let ptrs: Vec<u64> = (0..500)
         .map(|i| a.allocate(512 << (i % 10), s).unwrap())
@@ -455,7 +462,8 @@ fn paths_by_mode() {
 fn hits_that_raise_peaks_stay_on_the_shard() {
     use cachalot_core::{Backend, PathCounts};
     let m = MockConfig::new(16 * GIB).build();
-    let a = CachingAllocator::with_config(m.clone(), AllocatorConfig::default()).unwrap();
+    let a =
+        CachingAllocator::with_config(m.clone(), AllocatorConfig::parse(FIXED).unwrap()).unwrap();
     let s = m.default_stream();
     let n = 32u64;
     let warm: Vec<u64> = (0..n).map(|_| a.allocate(1 << 20, s).unwrap()).collect();

@@ -1,7 +1,7 @@
 //! The [verified 2.11] tables of the spec (shared/spec/pytorch-allocator.md),
 //! run on the mock with the invariant checker after every operation.
 
-use cachalot_conformance::mock::{Dev, GIB, MIB};
+use cachalot_conformance::mock::{Dev, FIXED, GIB, MIB};
 use cachalot_core::{Error, StatType};
 
 #[test]
@@ -24,7 +24,7 @@ fn rounding_and_segment_table() {
         (100 * MIB + 1, 104858112, false, 102 * MIB, 2096640),
     ];
     for &(req, alloc_bytes, small, seg, inactive) in rows {
-        let d = Dev::new("");
+        let d = Dev::new(FIXED);
         let p = d.alloc(req);
         let s = d.a.stats();
         let pool = if small {
@@ -87,7 +87,7 @@ fn best_fit_lowest_address_and_stream_silo() {
 
 #[test]
 fn split_thresholds() {
-    let d = Dev::new("");
+    let d = Dev::new(FIXED);
     let a = d.alloc(512);
     let b = d.alloc(512);
     assert_eq!(b - a, 512, "small blocks split at 512 B");
@@ -102,7 +102,7 @@ fn split_thresholds() {
         d.free(p);
     }
     // a 19 MiB request reusing a free 20 MiB block is not split (remainder exactly 1 MiB)
-    let d = Dev::new("");
+    let d = Dev::new(FIXED);
     let big = d.alloc(20 * MIB);
     d.free(big);
     let before = d.a.stats().allocated_bytes.all().current;
@@ -125,7 +125,7 @@ fn split_thresholds() {
 
 #[test]
 fn inactive_split_trace_and_empty_cache() {
-    let d = Dev::new("");
+    let d = Dev::new(FIXED);
     let s = || d.a.stats();
     let a = d.alloc(2 * MIB);
     assert_eq!(s().inactive_split.all().current, 1);
@@ -154,7 +154,7 @@ fn inactive_split_trace_and_empty_cache() {
 
 #[test]
 fn coalescing_and_empty_cache_keeps_split_segments() {
-    let d = Dev::new("");
+    let d = Dev::new(FIXED);
     let a = d.alloc(4 * MIB);
     let b = d.alloc(4 * MIB);
     let c = d.alloc(4 * MIB);
@@ -177,7 +177,7 @@ fn coalescing_and_empty_cache_keeps_split_segments() {
 
 #[test]
 fn oversize_blocks() {
-    let d = Dev::new("max_split_size_mb:100");
+    let d = Dev::new("max_split_size_mb:100,expandable_segments:False");
     assert_eq!(d.a.stats().max_split_size, 100 * MIB as i64);
     let p = d.alloc(150 * MIB);
     assert_eq!(d.a.stats().oversize_allocations.current, 1);
@@ -210,7 +210,7 @@ fn oversize_blocks() {
 #[test]
 fn release_available_cached_blocks_largest_first() {
     // cached 150 + 120 MiB, 200 MiB request over the cap: both released, no retry
-    let d = Dev::with_capacity("max_split_size_mb:100", 400 * MIB);
+    let d = Dev::with_capacity("max_split_size_mb:100,expandable_segments:False", 400 * MIB);
     let a = d.alloc(150 * MIB);
     let b = d.alloc(120 * MIB);
     d.free(a);
@@ -221,7 +221,7 @@ fn release_available_cached_blocks_largest_first() {
     assert_eq!(s.num_device_free, 2);
     d.free(x);
     // cached 150 + 300 MiB: only the 300 MiB block is released
-    let d = Dev::with_capacity("max_split_size_mb:100", 600 * MIB);
+    let d = Dev::with_capacity("max_split_size_mb:100,expandable_segments:False", 600 * MIB);
     let a = d.alloc(150 * MIB);
     let b = d.alloc(300 * MIB);
     d.free(a);
@@ -234,7 +234,7 @@ fn release_available_cached_blocks_largest_first() {
     d.free(x);
     // cached 150 + 120 + 110 MiB: largest first, and only until the target
     // is reached: 150 + 120 go, the 110 MiB block stays cached
-    let d = Dev::with_capacity("max_split_size_mb:100", 450 * MIB);
+    let d = Dev::with_capacity("max_split_size_mb:100,expandable_segments:False", 450 * MIB);
     let ps: Vec<u64> = [150, 120, 110].iter().map(|&m| d.alloc(m * MIB)).collect();
     for &p in &ps {
         d.free(p);
@@ -250,7 +250,7 @@ fn release_available_cached_blocks_largest_first() {
 
 #[test]
 fn fraction_capped_oom_counts_retry_ooms_and_syncs() {
-    let d = Dev::with_capacity("", 8 * GIB);
+    let d = Dev::with_capacity(FIXED, 8 * GIB);
     d.a.set_memory_fraction(0.5).unwrap();
     let a = d.alloc(3 * GIB);
     let e = d.a.allocate(2 * GIB, d.s0()).unwrap_err();
@@ -273,7 +273,7 @@ fn fraction_capped_oom_counts_retry_ooms_and_syncs() {
 #[test]
 fn fraction_cap_admits_a_segment_that_reaches_it_exactly() {
     // spec 2.8 step 5: fail only when reserved + segment > allowed maximum
-    let d = Dev::with_capacity("", 8 * GIB);
+    let d = Dev::with_capacity(FIXED, 8 * GIB);
     d.a.set_memory_fraction(0.5).unwrap();
     let a = d.alloc(3 * GIB);
     let b = d.alloc(GIB); // reserved becomes exactly the 4 GiB allowed
@@ -288,7 +288,7 @@ fn fraction_cap_admits_a_segment_that_reaches_it_exactly() {
 
 #[test]
 fn oom_message_shows_segment_size() {
-    let d = Dev::with_capacity("", 64 * MIB);
+    let d = Dev::with_capacity(FIXED, 64 * MIB);
     let a = d.alloc(60 * MIB);
     let e = d.a.allocate(3 * MIB, d.s0()).unwrap_err();
     assert!(e.to_string().contains("Tried to allocate 20.00 MiB"), "{e}");
@@ -309,7 +309,7 @@ fn oom_message_shows_segment_size() {
 fn oom_observers_run_before_the_error_returns() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, Ordering};
-    let d = Dev::with_capacity("", 64 * MIB);
+    let d = Dev::with_capacity(FIXED, 64 * MIB);
     let seen = Arc::new(AtomicU64::new(0));
     let s2 = seen.clone();
     d.a.add_oom_observer(Arc::new(move |r| {
@@ -322,7 +322,10 @@ fn oom_observers_run_before_the_error_returns() {
 #[test]
 fn garbage_collection_frees_blocks_at_or_above_mean_age() {
     // allowed 400 MiB, threshold 0.5, four cached 60 MiB blocks, then a 70 MiB miss
-    let d = Dev::with_capacity("garbage_collection_threshold:0.5", 800 * MIB);
+    let d = Dev::with_capacity(
+        "garbage_collection_threshold:0.5,expandable_segments:False",
+        800 * MIB,
+    );
     d.a.set_memory_fraction(0.5).unwrap();
     let ps: Vec<u64> = (0..4).map(|_| d.alloc(60 * MIB)).collect();
     for p in ps {
@@ -336,7 +339,10 @@ fn garbage_collection_frees_blocks_at_or_above_mean_age() {
     assert_eq!(s.reserved_bytes.all().current, 70 * MIB as i64);
     d.free(x);
     // without a memory fraction the threshold has no effect
-    let d = Dev::with_capacity("garbage_collection_threshold:0.5", 800 * MIB);
+    let d = Dev::with_capacity(
+        "garbage_collection_threshold:0.5,expandable_segments:False",
+        800 * MIB,
+    );
     let ps: Vec<u64> = (0..4).map(|_| d.alloc(60 * MIB)).collect();
     for p in ps {
         d.free(p);
@@ -348,7 +354,7 @@ fn garbage_collection_frees_blocks_at_or_above_mean_age() {
 
 #[test]
 fn record_stream_defers_reuse_until_the_stream_completes() {
-    let d = Dev::manual("");
+    let d = Dev::manual(FIXED);
     let side = d.stream();
     let p = d.alloc(4 * MIB);
     d.a.record_stream(p, side).unwrap();
@@ -385,7 +391,7 @@ fn record_stream_defers_reuse_until_the_stream_completes() {
 
 #[test]
 fn events_are_pooled_not_created_per_free() {
-    let d = Dev::new("");
+    let d = Dev::new(FIXED);
     let side = d.stream();
     for _ in 0..100 {
         let p = d.alloc(MIB);
@@ -398,7 +404,7 @@ fn events_are_pooled_not_created_per_free() {
 
 #[test]
 fn bad_input_is_a_typed_error() {
-    let d = Dev::new("");
+    let d = Dev::new(FIXED);
     assert_eq!(
         d.a.allocate(0, d.s0()).unwrap(),
         0,
@@ -443,7 +449,7 @@ fn bad_input_is_a_typed_error() {
 
 #[test]
 fn reset_semantics_and_flat_keys() {
-    let d = Dev::new("");
+    let d = Dev::new(FIXED);
     let a = d.alloc(100);
     d.free(a);
     d.a.empty_cache().unwrap();
@@ -470,7 +476,7 @@ fn reset_semantics_and_flat_keys() {
 
 #[test]
 fn runtime_reconfiguration() {
-    let d = Dev::new("max_split_size_mb:100");
+    let d = Dev::new("max_split_size_mb:100,expandable_segments:False");
     d.a.set_config("roundup_power2_divisions:4").unwrap();
     let c = d.a.config();
     assert_eq!(c.max_split_size, u64::MAX, "re-parse resets max_split_size");
@@ -489,7 +495,7 @@ fn runtime_reconfiguration() {
 fn retry_searches_free_blocks_after_sync_fixing_189504() {
     // A pending block becomes free during the last-resort sync: it must be used
     // instead of failing (PyTorch #189504 retried only the device allocation).
-    let d = Dev::manual_with_capacity("", 20 * MIB);
+    let d = Dev::manual_with_capacity(FIXED, 20 * MIB);
     let side = d.stream();
     let a = d.alloc(4 * MIB);
     let b = d.alloc(16 * MIB); // takes the rest of the 20 MiB segment
@@ -509,7 +515,7 @@ fn retry_searches_free_blocks_after_sync_fixing_189504() {
 
 #[test]
 fn dropping_the_allocator_returns_every_segment() {
-    let d = Dev::new("");
+    let d = Dev::new(FIXED);
     let side = d.stream();
     let p = d.alloc(3 * MIB);
     let _q = d.alloc(300);
@@ -525,7 +531,7 @@ fn dropping_the_allocator_returns_every_segment() {
 fn small_blocks_split_at_a_512_byte_remainder() {
     // small pool: a remainder of exactly kMinBlockSize (512 B) is split off
     // (spec 2.6: remainder >= 512), so the next 512 B request fits in it
-    let d = Dev::new("");
+    let d = Dev::new(FIXED);
     let a = d.alloc(MIB); // 2 MiB segment: 1 MiB out, 1 MiB free
     let b = d.alloc(MIB - 512); // the free 1 MiB: 512 B left over
     assert_eq!(d.a.block_size(b), Some(MIB - 512), "split, not taken whole");
@@ -551,7 +557,10 @@ fn garbage_collection_frees_the_old_and_keeps_the_young() {
     // freed. A 70 MiB miss finds 250 MiB reserved (target 50 MiB); the
     // mean age is (11 + 1 + 1) / 3 = 4, so only the old block (age 11) is
     // released, which meets the target: the young ones stay cached.
-    let d = Dev::with_capacity("garbage_collection_threshold:0.5", 800 * MIB);
+    let d = Dev::with_capacity(
+        "garbage_collection_threshold:0.5,expandable_segments:False",
+        800 * MIB,
+    );
     d.a.set_memory_fraction(0.5).unwrap();
     let old = d.alloc(60 * MIB);
     let young = d.alloc(60 * MIB);
@@ -598,7 +607,7 @@ fn release_available_below_target_releases_nothing_and_the_ladder_continues() {
     // total 120 MiB < 200 MiB: it releases nothing and fails, so no second
     // device call follows it; the last rung (sync, release all, retry)
     // then releases both and succeeds.
-    let d = Dev::with_capacity("max_split_size_mb:100", 300 * MIB);
+    let d = Dev::with_capacity("max_split_size_mb:100,expandable_segments:False", 300 * MIB);
     let a = d.alloc(120 * MIB);
     let b = d.alloc(90 * MIB);
     d.free(a);
@@ -624,7 +633,7 @@ fn release_available_below_target_releases_nothing_and_the_ladder_continues() {
 fn oversize_stats_count_from_max_split_size_inclusive() {
     // spec 3.2: oversize_segments counts segments >= max_split_size,
     // oversize_allocations handed-out blocks >= max_split_size
-    let d = Dev::new("max_split_size_mb:100");
+    let d = Dev::new("max_split_size_mb:100,expandable_segments:False");
     let below = d.alloc(98 * MIB); // a 98 MiB segment, handed out whole
     assert_eq!(d.a.block_size(below), Some(98 * MIB));
     let s = d.a.stats();
@@ -655,7 +664,7 @@ fn oversize_fit_boundaries() {
     // spec 2.5, max_split_size 100 MiB, max_non_split_rounding 20 MiB; a
     // live block keeps the stream from draining its pool (so the search is
     // the best fit over active blocks, not the dormant list)
-    let d = Dev::new("max_split_size_mb:100");
+    let d = Dev::new("max_split_size_mb:100,expandable_segments:False");
     let hold = d.alloc(MIB + 1);
     let p = d.alloc(150 * MIB);
     d.free(p);
@@ -675,7 +684,7 @@ fn oversize_fit_boundaries() {
     // 110 MiB: a request below max_split_size takes neither; requests of
     // max_split_size take them best fit first, and whole: a request of
     // max_split_size or more is never split (spec 2.6)
-    let d = Dev::new("max_split_size_mb:100");
+    let d = Dev::new("max_split_size_mb:100,expandable_segments:False");
     let hold = d.alloc(MIB + 1);
     let m100 = d.alloc(100 * MIB);
     let m110 = d.alloc(110 * MIB);
@@ -801,11 +810,79 @@ fn expandable_segments_need_virtual_memory() {
         matches!(&e, Error::Config(c) if matches!(c.kind, ConfigErrorKind::Unsupported { .. })),
         "{e}"
     );
-    let a = CachingAllocator::with_config(m, AllocatorConfig::default()).unwrap();
+    // the default (no key given) is fixed segments there, not an error
+    let a = CachingAllocator::with_config(m.clone(), AllocatorConfig::default()).unwrap();
+    assert!(!a.config().expandable_segments);
     let e = a.set_config("expandable_segments:True").unwrap_err();
     assert!(matches!(&e, Error::Config(_)), "{e}");
     assert!(!a.config().expandable_segments);
     a.set_config("expandable_segments:False").unwrap();
+    a.set_config("max_split_size_mb:100").unwrap();
+    assert!(!a.config().expandable_segments);
+    let p = a
+        .allocate(3 * MIB, cachalot_core::Backend::default_stream(&m))
+        .unwrap();
+    a.free(p).unwrap();
+    assert_eq!(
+        m.call_count(cachalot_mock::MockCall::Reserve),
+        0,
+        "no virtual-memory call"
+    );
+}
+
+/// The default on a backend with virtual memory is cachalot's expandable
+/// mode; `placement:pytorch` alone is PyTorch's default mode (fixed
+/// segments), and a given `expandable_segments` is kept whatever the
+/// placement, at construction and through `set_config`.
+#[test]
+fn the_default_is_expandable_where_the_backend_has_virtual_memory() {
+    use cachalot_core::config::Placement;
+    use cachalot_core::{AllocatorConfig, CachingAllocator};
+    let cases: [(&str, bool); 6] = [
+        ("", true),
+        ("max_split_size_mb:100", true),
+        ("placement:pytorch", false),
+        ("expandable_segments:False", false),
+        ("placement:pytorch,expandable_segments:True", true),
+        ("placement:steady,expandable_segments:False", false),
+    ];
+    for (conf, want) in cases {
+        let m = cachalot_mock::MockConfig::new(GIB).build();
+        let c = AllocatorConfig::parse(conf).unwrap();
+        assert!(
+            !c.expandable_segments || c.expandable_segments_given,
+            "{conf}"
+        );
+        let a = CachingAllocator::with_config(m.clone(), c).unwrap();
+        assert_eq!(a.config().expandable_segments, want, "{conf}");
+        let p = a
+            .allocate(3 * MIB, cachalot_core::Backend::default_stream(&m))
+            .unwrap();
+        assert_eq!(
+            m.call_count(cachalot_mock::MockCall::Reserve) > 0,
+            want,
+            "{conf}: pages mapped"
+        );
+        a.free(p).unwrap();
+        a.empty_cache().unwrap();
+    }
+    // at run time: the placement decides while the key was never given
+    let m = cachalot_mock::MockConfig::new(GIB).build();
+    let a = CachingAllocator::with_config(m, AllocatorConfig::default()).unwrap();
+    assert!(a.config().expandable_segments);
+    a.set_config("placement:pytorch").unwrap();
+    assert_eq!(a.config().placement, Placement::PyTorch);
+    assert!(!a.config().expandable_segments, "PyTorch's default mode");
+    a.set_config("placement:steady").unwrap();
+    assert!(a.config().expandable_segments);
+    a.set_config("expandable_segments:False").unwrap();
+    a.set_config("garbage_collection_threshold:0.5").unwrap();
+    assert!(!a.config().expandable_segments, "a given value is kept");
+    let mut c = AllocatorConfig::default();
+    c.set_expandable_segments(false);
+    let m = cachalot_mock::MockConfig::new(GIB).build();
+    let a = CachingAllocator::with_config(m, c).unwrap();
+    assert!(!a.config().expandable_segments, "set in code");
 }
 
 /// `get_free_block` with expandable segments (PyTorch 2.11): a free block

@@ -11,7 +11,11 @@ const MIB: u64 = 1 << 20;
 
 fn allocator() -> CachingAllocator<HipBackend> {
     let b = HipBackend::with_api(fake::api(), 0).unwrap();
-    CachingAllocator::with_config(b, AllocatorConfig::default()).unwrap()
+    CachingAllocator::with_config(
+        b,
+        AllocatorConfig::parse("expandable_segments:False").unwrap(),
+    )
+    .unwrap()
 }
 
 #[test]
@@ -109,4 +113,34 @@ fn allocation_to_a_private_pool_during_hip_capture() {
     a.empty_cache().unwrap();
     a.check_invariants().unwrap();
     assert!(with(|s| s.allocs.is_empty()));
+}
+
+/// The default configuration maps pages through the virtual-memory table
+/// (cachalot's expandable mode), serves a hit with no driver call, and
+/// gives every mapping, physical allocation and reservation back at
+/// `empty_cache`.
+#[test]
+fn the_default_maps_pages_and_returns_them() {
+    let b = crate::fake::api();
+    let a = CachingAllocator::with_config(
+        crate::HipBackend::with_api(b, 0).unwrap(),
+        AllocatorConfig::default(),
+    )
+    .unwrap();
+    assert!(a.config().expandable_segments);
+    let s0 = a.backend().default_stream();
+    let p = a.allocate(3 * MIB, s0).unwrap();
+    a.free(p).unwrap();
+    let maps = with(|s| s.vm.mappings.len());
+    assert!(maps > 0, "pages mapped");
+    assert_eq!(a.allocate(3 * MIB, s0).unwrap(), p, "a hit");
+    assert_eq!(with(|s| s.vm.mappings.len()), maps, "no driver call");
+    assert!(with(|s| s.allocs.is_empty()), "no plain device allocation");
+    a.free(p).unwrap();
+    a.empty_cache().unwrap();
+    with(|s| {
+        assert!(s.vm.mappings.is_empty(), "every page unmapped");
+        assert!(s.vm.reservations.is_empty(), "every reservation freed");
+    });
+    a.check_invariants().unwrap();
 }

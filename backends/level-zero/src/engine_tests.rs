@@ -11,7 +11,11 @@ const MIB: u64 = 1 << 20;
 
 fn allocator() -> CachingAllocator<LevelZeroBackend> {
     let b = LevelZeroBackend::with_api(fake::api(), 0).unwrap();
-    CachingAllocator::with_config(b, AllocatorConfig::default()).unwrap()
+    CachingAllocator::with_config(
+        b,
+        AllocatorConfig::parse("expandable_segments:False").unwrap(),
+    )
+    .unwrap()
 }
 
 #[test]
@@ -71,5 +75,35 @@ fn record_stream_defers_reuse_and_recycles_events() {
     }
     let created = with(|s| s.calls.iter().filter(|c| **c == "zeEventCreate").count());
     assert_eq!(created, 1, "the engine recycles its event");
+    a.check_invariants().unwrap();
+}
+
+/// The default configuration maps pages through the virtual-memory table
+/// (cachalot's expandable mode), serves a hit with no driver call, and
+/// gives every mapping, physical allocation and reservation back at
+/// `empty_cache`.
+#[test]
+fn the_default_maps_pages_and_returns_them() {
+    let b = crate::fake::api();
+    let a = CachingAllocator::with_config(
+        crate::LevelZeroBackend::with_api(b, 0).unwrap(),
+        AllocatorConfig::default(),
+    )
+    .unwrap();
+    assert!(a.config().expandable_segments);
+    let s0 = a.backend().default_stream();
+    let p = a.allocate(3 * MIB, s0).unwrap();
+    a.free(p).unwrap();
+    let maps = with(|s| s.vm.mappings.len());
+    assert!(maps > 0, "pages mapped");
+    assert_eq!(a.allocate(3 * MIB, s0).unwrap(), p, "a hit");
+    assert_eq!(with(|s| s.vm.mappings.len()), maps, "no driver call");
+    assert!(with(|s| s.allocs.is_empty()), "no plain device allocation");
+    a.free(p).unwrap();
+    a.empty_cache().unwrap();
+    with(|s| {
+        assert!(s.vm.mappings.is_empty(), "every page unmapped");
+        assert!(s.vm.reservations.is_empty(), "every reservation freed");
+    });
     a.check_invariants().unwrap();
 }

@@ -53,8 +53,9 @@ pub struct MockConfig {
     /// [`DEVICE_ADDRESS_STRIDE`].
     pub base_address: Option<u64>,
     /// Size of the address range; `None` = `max(1 TiB, 4 × capacity)`
-    /// (rounded up to 32 MiB), at most [`DEVICE_ADDRESS_STRIDE`] when the
-    /// base is the default one. Placement fails with OOM when the range, not
+    /// (rounded up to 32 MiB), at most half of [`DEVICE_ADDRESS_STRIDE`]
+    /// when the base is the default one (the rest of the span holds
+    /// virtual-memory reservations). Placement fails with OOM when the range, not
     /// the capacity, is exhausted.
     pub address_space: Option<u64>,
     /// Whether `Backend::node_index` numbers graph nodes (their creation
@@ -187,7 +188,10 @@ impl MockConfig {
                     .saturating_mul(4)
                     .max(MIN_ADDRESS_SPACE);
                 if default_base {
-                    w.min(DEVICE_ADDRESS_STRIDE)
+                    // half the span at most: the other half stays for
+                    // virtual-memory reservations (a 4 TiB device keeps 8
+                    // TiB of address space for them)
+                    w.min(DEVICE_ADDRESS_STRIDE / 2)
                 } else {
                     w
                 }
@@ -208,10 +212,9 @@ impl MockConfig {
     /// The effective `[start, end)` of the range reservations are placed
     /// in, both multiples of the granularity: right above the segment range.
     /// With the default base it is the rest of the device's
-    /// [`DEVICE_ADDRESS_STRIDE`] span (15 TiB for capacities up to 256 GiB;
-    /// empty, so that every `reserve` fails with OOM, when the segment range
-    /// fills the span); with a base of the caller's, `max(1 TiB, 4 ×
-    /// capacity)`. Never overlaps the segment range.
+    /// [`DEVICE_ADDRESS_STRIDE`] span (15 TiB for capacities up to 256 GiB,
+    /// at least 8 TiB at any capacity); with a base of the caller's, `max(1
+    /// TiB, 4 × capacity)`. Never overlaps the segment range.
     pub(crate) fn reservation_range(&self) -> (u64, u64) {
         let g = self.effective_granularity();
         let (base, size) = self.range();

@@ -167,9 +167,12 @@ fn each_device_has_its_own_range() {
             assert!(a.0 + a.1 <= b.0, "{a:?} and {b:?} overlap");
         }
     }
-    // A huge device's default range is capped at the stride (still disjoint).
+    // A huge device's default range is capped at half the stride (still
+    // disjoint), the other half left to virtual-memory reservations.
     let huge = MockConfig::new(8 << 40).device(1).build();
-    assert_eq!(huge.address_range().1, DEVICE_ADDRESS_STRIDE);
+    assert_eq!(huge.address_range().1, DEVICE_ADDRESS_STRIDE / 2);
+    let (lo, hi) = huge.reservation_range();
+    assert_eq!(hi - lo, DEVICE_ADDRESS_STRIDE / 2);
     // An explicit base is used as given, on any device.
     let at = MockConfig::new(G).device(5).base_address(1 << 40).build();
     assert_eq!(at.address_range().0, 1 << 40);

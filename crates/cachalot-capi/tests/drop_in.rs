@@ -294,7 +294,9 @@ fn oom_report_fraction_and_info() {
     let mut largest = 1usize;
     // SAFETY: valid pointer.
     assert_eq!(unsafe { cachalot_cache_info(0, &mut largest) }, CACHALOT_OK);
-    assert_eq!(largest, 30 << 20);
+    // the 30 MiB block, with the rest of the pages its mapping made (the
+    // default maps pages in runs of two)
+    assert!((30 << 20..=32 << 20).contains(&largest), "{largest}");
     // SAFETY: NULL on purpose.
     let rc = unsafe { cachalot_cache_info(0, null_mut()) };
     assert_eq!(rc, CACHALOT_ERR_INVALID_ARGUMENT);
@@ -530,9 +532,10 @@ fn history_and_snapshot() {
     {
         let snap = Snap::take(0, 0, true);
         let actions: Vec<i32> = snap.traces().iter().map(|t| t.action).collect();
-        // segment_alloc, alloc, segment_alloc, alloc, free_requested,
+        // segment_map (the default, expandable segments; segment_alloc
+        // with fixed ones), alloc, segment_map, alloc, free_requested,
         // free_completed, snapshot
-        assert!(actions.contains(&3), "{actions:?}");
+        assert!(actions.contains(&5), "{actions:?}");
         let alloc_at = snap
             .traces()
             .iter()

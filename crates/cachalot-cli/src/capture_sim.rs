@@ -915,7 +915,10 @@ mod tests {
     fn placement_moves_the_figures_of_some_programs() {
         let mut moved = 0;
         for seed in 1..=8 {
-            let prog = Program::generate(&params(4, 1000, seed));
+            let mut prog = Program::generate(&params(4, 1000, seed));
+            // fixed segments: the device places each one (expandable
+            // segments are reservations the engine maps pages into)
+            prog.config = AllocatorConfig::parse("expandable_segments:False").unwrap();
             let run = |placement| {
                 prog.run_mock(CaptureReuse::CrossStream, true, false, false, placement)
                     .expect("run")

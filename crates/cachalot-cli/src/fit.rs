@@ -168,13 +168,13 @@ pub const POLICIES: [Policy; 4] = [
         config: "placement:pytorch,expandable_segments:True",
     },
     Policy {
-        name: "cachalot",
-        label: "cachalot default",
+        name: "cachalot-fixed",
+        label: "cachalot fixed",
         config: "placement:steady,expandable_segments:False",
     },
     Policy {
-        name: "cachalot-expandable",
-        label: "cachalot expandable",
+        name: "cachalot",
+        label: "cachalot default",
         config: "placement:steady,expandable_segments:True",
     },
 ];
@@ -342,7 +342,7 @@ mod tests {
     #[test]
     fn bisection_finds_the_exact_smallest_device() {
         let t = trace("a 0 31457280 0\na 1 31457280 0\nf 0\nf 1\n");
-        let c = AllocatorConfig::default();
+        let c = AllocatorConfig::parse("expandable_segments:False").unwrap();
         let f = smallest_device(&t, &c, 1, DEFAULT_GRANULARITY)
             .unwrap()
             .expect("fits");
@@ -362,7 +362,7 @@ mod tests {
     #[test]
     fn smaller_than_the_unconstrained_peak_reserved() {
         let t = trace("a 0 10485760 0\nf 0\na 1 31457280 0\nf 1\n");
-        let c = AllocatorConfig::default();
+        let c = AllocatorConfig::parse("expandable_segments:False").unwrap();
         let f = smallest_device(&t, &c, 1, DEFAULT_GRANULARITY)
             .unwrap()
             .expect("fits");

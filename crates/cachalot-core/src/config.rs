@@ -161,8 +161,17 @@ pub struct AllocatorConfig {
     pub garbage_collection_threshold: f64,
     /// Power-of-two divisions per interval (`roundup_power2_divisions`).
     pub roundup_power2_divisions: [u64; ROUNDUP_INTERVALS],
-    /// Expandable segments (accepted; the engine uses fixed segments).
+    /// Expandable segments: pages of one growing segment per stream and
+    /// pool, mapped on demand (the engine's effective value). When the key
+    /// was not given ([`Self::expandable_segments_given`]) the engine
+    /// decides ([`Self::resolve_expandable`]): on with cachalot's placement
+    /// where the backend has virtual memory (cachalot's low-memory
+    /// default), off with `placement:pytorch` (PyTorch's default) or
+    /// without virtual memory.
     pub expandable_segments: bool,
+    /// Whether a config string gave `expandable_segments` (then
+    /// [`Self::expandable_segments`] is what it said).
+    pub expandable_segments_given: bool,
     /// Release the allocator lock around device allocation calls.
     pub release_lock_on_device_malloc: bool,
     /// Reuse during graph capture.
@@ -199,6 +208,7 @@ impl Default for AllocatorConfig {
             garbage_collection_threshold: 0.0,
             roundup_power2_divisions: [0; ROUNDUP_INTERVALS],
             expandable_segments: false,
+            expandable_segments_given: false,
             release_lock_on_device_malloc: false,
             graph_capture_record_stream_reuse: CaptureReuse::Off,
             per_process_memory_fraction: 1.0,
@@ -658,6 +668,26 @@ impl AllocatorConfig {
         Ok((c, w))
     }
 
+    /// Sets `expandable_segments` as the key `expandable_segments:True` or
+    /// `False` does (given, so the engine keeps it): the way to set it in
+    /// code.
+    pub fn set_expandable_segments(&mut self, on: bool) {
+        self.expandable_segments = on;
+        self.expandable_segments_given = true;
+    }
+
+    /// Decides [`Self::expandable_segments`] when no config string gave it:
+    /// on with `placement:steady` (the default) on a backend with virtual
+    /// memory (`has_vmm`), else off, so that `placement:pytorch` alone
+    /// stays PyTorch's default mode exactly. A value that was given is
+    /// kept. The engine calls this at construction and after every
+    /// `set_config`.
+    pub fn resolve_expandable(&mut self, has_vmm: bool) {
+        if !self.expandable_segments_given {
+            self.expandable_segments = self.placement == Placement::Steady && has_vmm;
+        }
+    }
+
     /// Reads the first set variable of [`CONFIG_ENV_VARS`]; defaults if none
     /// is set. A bad value, or one that is not UTF-8, is an error naming the
     /// variable ([`ConfigError::env_var`]). Ignored keys are logged as
@@ -841,7 +871,10 @@ impl AllocatorConfig {
             "roundup_power2_divisions" => {
                 self.roundup_power2_divisions = [divisions(key, v)?; ROUNDUP_INTERVALS];
             }
-            "expandable_segments" => self.expandable_segments = parse_bool(key, v)?,
+            "expandable_segments" => {
+                self.expandable_segments = parse_bool(key, v)?;
+                self.expandable_segments_given = true;
+            }
             "release_lock_on_cudamalloc"
             | "release_lock_on_hipmalloc"
             | "release_lock_on_device_malloc" => {

@@ -122,7 +122,7 @@ fn snapshot_pickle_has_pytorch_structure() {
     }
     let dev = DeviceAllocator::with_mock(
         MockSettings::default().backend(0),
-        Some(AllocatorConfig::parse("max_split_size_mb:256").unwrap()),
+        Some(AllocatorConfig::parse("max_split_size_mb:256,expandable_segments:False").unwrap()),
     )
     .unwrap();
     dev.record_memory_history(Some(HistoryConfig::default()));
@@ -159,7 +159,7 @@ for e in tr:
     assert "addr" in e or "device_free" in e
 st = d["allocator_settings"]
 assert st["max_split_size"] == 256 << 20, st
-assert st["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:256"
+assert st["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:256,expandable_segments:False"
 assert set(st["roundup_power2_divisions"]) == {str(1 << i) for i in range(16)}
 print(json.dumps({
     "segments": [(s["segment_type"], s["total_size"], s["allocated_size"], s["stream"],

@@ -639,9 +639,20 @@ impl<B: Backend> Inner<B> {
         let page = self.expandable_page(p.small);
         let total = self.limits.total_memory;
         let space = total + total / 8;
-        let size = space.div_ceil(page) * page;
-        let Some((start, seq)) = self.reserve_expandable(backend, size, page, p.stream)? else {
-            return Ok(None);
+        let mut size = space.div_ceil(page) * page;
+        let need = p.size.div_ceil(page) * page;
+        // Where the device has less address space left than PyTorch's
+        // 1.125x of its memory (a process that reserved much already, a
+        // simulated device of terabytes), half as much, down to the request.
+        let (start, seq) = loop {
+            if let Some(r) = self.reserve_expandable(backend, size, page, p.stream)? {
+                break r;
+            }
+            let half = (size / 2).div_ceil(page) * page;
+            if half < need.max(page) || half >= size {
+                return Ok(None);
+            }
+            size = half;
         };
         let mut b = Block::free(start, size, p.stream, p.pool, p.small, NIL, NIL);
         b.state = BState::Unmapped;

@@ -319,10 +319,12 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// An allocator over `backend` with an explicit configuration.
-    pub fn with_config(backend: B, config: AllocatorConfig) -> Result<Self, Error> {
-        if config.expandable_segments && backend.virtual_memory().is_none() {
+    pub fn with_config(backend: B, mut config: AllocatorConfig) -> Result<Self, Error> {
+        let has_vmm = backend.virtual_memory().is_some();
+        if config.expandable_segments && config.expandable_segments_given && !has_vmm {
             return Err(crate::config::expandable_unsupported().into());
         }
+        config.resolve_expandable(has_vmm);
         let total = backend.memory_info()?.total;
         let id = NEXT_ALLOCATOR.fetch_add(1, Ordering::Relaxed);
         let mut inner = Inner::new(config, total);

@@ -575,9 +575,10 @@ impl<B: Backend> Inner<B> {
     pub fn set_config(&mut self, s: &str, has_vmm: bool) -> Result<(), Error> {
         let mut c = self.config.clone();
         c.apply(s)?;
-        if c.expandable_segments && !has_vmm {
+        if c.expandable_segments && c.expandable_segments_given && !has_vmm {
             return Err(crate::config::expandable_unsupported().into());
         }
+        c.resolve_expandable(has_vmm);
         // The reuse mode decides what a free in a capture records for later
         // reuse: switching it mid-capture let a block freed under `off`
         // (no markers) be taken by another capturing stream unordered (found
