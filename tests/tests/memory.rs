@@ -265,6 +265,44 @@ fn a_refused_second_mapping_turns_ghosts_off() {
 /// then serves its own stream again. A block much larger than the
 /// request is not taken apart (the segment grows instead). PyTorch's mode
 /// never lends.
+/// Once several threads allocate at once (the shards log), memory stays
+/// with its stream: no block is lent and no page moves, the stream that
+/// misses grows its own segment (moves would take the device lock and
+/// stop every thread's fast path), and `empty_cache` still returns every
+/// page. Before that, the same miss borrows the other stream's free block.
+#[test]
+fn several_threads_at_once_keep_each_streams_memory() {
+    for threads in [false, true] {
+        let d = Dev::new("");
+        let s1 = d.stream();
+        let big = d.alloc(100 * MIB);
+        let sep = d.alloc(2 * MIB);
+        let a = d.alloc(40 * MIB);
+        d.free(a);
+        d.free(big);
+        if threads {
+            d.a.force_shard_logs();
+        }
+        let held = reserved(&d);
+        let unmaps = d.m.call_count(MockCall::Unmap);
+        let b = d.alloc_on(39 * MIB, s1);
+        if threads {
+            assert_ne!(b, a, "not lent");
+            assert_eq!(d.a.lent_blocks(), (0, 0));
+            assert_eq!(d.m.call_count(MockCall::Unmap), unmaps, "no page moved");
+            assert!(reserved(&d) > held, "s1's segment grew");
+        } else {
+            assert_eq!(b, a, "lent while one thread drives the streams");
+            assert_eq!(reserved(&d), held);
+        }
+        d.free(b);
+        d.free(sep);
+        d.a.empty_cache().unwrap();
+        assert_eq!(reserved(&d), 0);
+        d.check();
+    }
+}
+
 #[test]
 fn a_done_block_of_another_stream_is_lent() {
     for config in [CACHALOT, PYTORCH] {
