@@ -10,13 +10,17 @@
 #                                        three configs on CUDA
 #                                        (expandable_cuda.sh), threads in the
 #                                        default and in fixed segments
-#   scripts/device/session20.sh clients  python/client_memory.py (BERT
+#   scripts/device/session20.sh clients  the CUDA test binaries again, threads
+#                                        (default and fixed segments, two
+#                                        rounds), python/client_memory.py (BERT
 #                                        inference, GPT-2 training: native,
 #                                        native expandable, cachalot's default,
-#                                        cachalot's fixed segments), then the
-#                                        PyTorch drop-in suite
+#                                        cachalot's fixed segments)
+#   scripts/device/session20.sh torch    the PyTorch drop-in suite
+#                                        (python/run_gpu_suite.sh; its
+#                                        train_compare runs cachalot's default)
 set -u
-PART=${1:?gpu or clients}
+PART=${1:?gpu, clients or torch}
 OUT=${OUT:-/tmp/out}; L=/tmp/logs-$PART; rm -rf "$L"; mkdir -p "$L" "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 S=$(date +%s)
@@ -41,14 +45,28 @@ case $PART in
     tail -22 "$L/expandable.txt" | grep -E "^(trace|gpt2|resnet|side|churn|hit)"
     grep -E "^==|mops" "$L/threads.txt" | sed -E 's/"ops":[0-9]+,//' ;;
   clients)
+    (cd dist/cuda && CACHALOT_SANITIZER=0 timeout ${T_TESTS:-120} ./run.sh) >"$L/run.txt" 2>&1
+    echo "run.sh: rc=$? after $(( $(date +%s) - S )) s"
+    for r in 1 2; do
+      for cfg in "" "expandable_segments:False"; do
+        echo "== threads round $r config='$cfg'" >>"$L/threads.txt"
+        timeout 60 dist/cuda/bin/cachalot threads --backend cuda --threads 1,2,8,16 --config "$cfg" >>"$L/threads.txt" 2>&1
+      done
+    done
+    echo "threads: after $(( $(date +%s) - S )) s"
     export PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 CACHALOT_TORCH_CACHE=$L/shim-cache
     export CUBLAS_WORKSPACE_CONFIG=:4096:8
-    timeout ${T_CLIENTS:-300} python3 python/client_memory.py --lib dist/cuda/lib/libcachalot_capi.so \
+    timeout ${T_CLIENTS:-330} python3 python/client_memory.py --lib dist/cuda/lib/libcachalot_capi.so \
       --workloads ${WORKLOADS:-bert,gpt2} --json "$L/clients.json" >"$L/clients.txt" 2>&1
     echo "client_memory.py: rc=$? after $(( $(date +%s) - S )) s"
-    OUT=$L timeout ${T_TORCH:-250} python/run_gpu_suite.sh >"$L/suite.txt" 2>&1
+    tar czf "$OUT/logs-$PART.tgz" -C /tmp "logs-$PART"
+    grep -E "FAILED|panicked" "$L/run.txt" | head -20; tail -3 "$L/run.txt"
+    grep -E "^==|mops" "$L/threads.txt" | sed -E 's/"ops":[0-9]+,//'
+    tail -14 "$L/clients.txt" ;;
+  torch)
+    export PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1
+    OUT=$L timeout ${T_TORCH:-500} python/run_gpu_suite.sh >"$L/suite.txt" 2>&1
     echo "run_gpu_suite.sh: rc=$? after $(( $(date +%s) - S )) s"
     tar czf "$OUT/logs-$PART.tgz" -C /tmp "logs-$PART"
-    tail -14 "$L/clients.txt"
-    tail -40 "$L/suite.txt" ;;
+    tail -45 "$L/suite.txt" ;;
 esac

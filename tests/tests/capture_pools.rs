@@ -206,3 +206,47 @@ fn capture_skips_the_release_all_retry_and_queries_no_event() {
     a.free(big).unwrap();
     check(&a);
 }
+
+/// The default configuration: the default pool maps pages (cachalot's
+/// expandable mode), a graph's private pool takes fixed segments
+/// (PyTorch's: a private pool never recycles pages, so pages would only
+/// round it up). With `expandable_segments:True` given, the private pool
+/// maps pages too.
+#[test]
+fn the_default_gives_private_pools_fixed_segments() {
+    use cachalot_mock::MockCall;
+    for (config, private_expandable) in [("", false), ("expandable_segments:True", true)] {
+        let m = MockConfig::new(1 << 30).auto_complete(true).build();
+        let a = CachingAllocator::with_config(m.clone(), AllocatorConfig::parse(config).unwrap())
+            .unwrap();
+        let s = m.create_stream();
+        let q = a.allocate(3 * MIB, s).unwrap();
+        assert_eq!(m.call_count(MockCall::Malloc), 0, "{config}: default pool");
+        let pool = graph_pool_handle();
+        a.begin_allocate_to_pool(pool, PoolFilter::CaptureOf(s))
+            .unwrap();
+        m.begin_capture(s).unwrap();
+        let p = a.allocate(3 * MIB, s).unwrap();
+        let kinds: Vec<(bool, bool)> = a
+            .snapshot()
+            .segments
+            .iter()
+            .map(|g| (g.pool_id != (0, 0), g.is_expandable))
+            .collect();
+        assert!(kinds.contains(&(false, true)), "{config}: {kinds:?}");
+        assert!(
+            kinds.contains(&(true, private_expandable)),
+            "{config}: {kinds:?}"
+        );
+        let mallocs = u64::from(!private_expandable);
+        assert_eq!(m.call_count(MockCall::Malloc), mallocs, "{config}");
+        a.free(p).unwrap();
+        m.end_capture(s).unwrap();
+        a.end_allocate_to_pool(pool).unwrap();
+        a.release_pool(pool).unwrap();
+        a.free(q).unwrap();
+        a.empty_cache().unwrap();
+        assert_eq!(a.stats().reserved_bytes.all().current, 0, "{config}");
+        check(&a);
+    }
+}

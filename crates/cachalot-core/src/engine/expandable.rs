@@ -14,7 +14,7 @@ use crate::config::Placement;
 use crate::engine::block::{BState, Block, BlockId, NIL};
 use crate::engine::history::TraceAction;
 use crate::engine::placement::FitRule;
-use crate::engine::pools::DEFAULT_POOL;
+use crate::engine::pools::{DEFAULT_POOL, PoolIdx};
 use crate::engine::rounding::SMALL_BUFFER;
 use crate::engine::segments::{PhysId, UnmapSync, sync_stream};
 use crate::engine::state::{Inner, Params};
@@ -123,6 +123,20 @@ impl<B: Backend> Inner<B> {
     /// ([`Self::recycle_pages`]), so their memory serves the new mapping.
     pub(super) fn recycles_pages(&self) -> bool {
         self.config.placement != Placement::PyTorch
+    }
+
+    /// Whether new segments of `pool` are expandable: always with
+    /// `expandable_segments:True` given; with the default (the key not
+    /// given, `AllocatorConfig::resolve_expandable`), in the default pool
+    /// only. A private pool (a CUDA graph's) never recycles pages, so there
+    /// expandable segments would bring only their 2 MiB rounding per
+    /// stream and pool: on the H200 the graph of a CUDA-graphed MLP held
+    /// 180,355,072 B in cachalot's default against 178,257,920 in PyTorch's
+    /// fixed segments (`python/train_compare.py`, session 20). Its fixed
+    /// segments are PyTorch's.
+    pub(super) fn expandable_in(&self, pool: PoolIdx) -> bool {
+        self.config.expandable_segments
+            && (pool == DEFAULT_POOL || self.config.expandable_segments_given)
     }
 
     /// Whether this operation may move memory between streams' expandable

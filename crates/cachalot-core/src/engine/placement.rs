@@ -177,11 +177,12 @@ impl<B: Backend> Inner<B> {
             self.limits.allowed_max.is_some() && self.config.garbage_collection_threshold > 0.0;
         let fit = FitRule::of(&self.config);
         let placement = self.config.placement;
+        let expandable = self.expandable_in(p.pool);
         let pool = self.pools.try_pool_mut(p.pool, p.small)?;
         if gc_on {
             pool.gc_calls += 1;
         }
-        if self.config.expandable_segments {
+        if expandable {
             return self.get_free_block_expandable(p, fit);
         }
         let found = with_policy!(placement, x => x.take(&mut pool.free, p.stream, p.size, fit))?;

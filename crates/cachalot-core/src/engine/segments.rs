@@ -430,12 +430,12 @@ impl<B: Backend> Inner<B> {
         p: &Params<B::Stream>,
     ) -> Result<Option<BlockId>, Error> {
         let size = p.alloc_size;
-        let expandable = self.config.expandable_segments && backend.virtual_memory().is_some();
+        let expandable = self.expandable_in(p.pool) && backend.virtual_memory().is_some();
         // cachalot's expandable mode: the chain to map into is chosen
         // first, then pages elsewhere recycle to make room (before the
         // memory-fraction check: recycled pages make room)
         let mut chain = None;
-        if self.moves_memory(backend) {
+        if expandable && self.moves_memory(backend) {
             let (need, keep, target) = match self.recycling_chain(p) {
                 Some((start, need, keep)) => {
                     chain = Some(start);

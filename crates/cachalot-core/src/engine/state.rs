@@ -343,12 +343,13 @@ impl<B: Backend> Inner<B> {
         self.alloc_segment(backend, p)
     }
 
-    /// Whether a block of `b_size` bytes handed out for `size` is split.
-    fn should_split(&self, small: bool, b_size: u64, size: u64) -> bool {
+    /// Whether a block of `pool` of `b_size` bytes handed out for `size`
+    /// is split.
+    fn should_split(&self, pool: PoolIdx, small: bool, b_size: u64, size: u64) -> bool {
         let remaining = b_size - size;
         // PyTorch 2.11: with expandable segments large blocks split as
         // small ones do (`should_split`)
-        if small || self.config.expandable_segments {
+        if small || self.expandable_in(pool) {
             remaining >= MIN_BLOCK_SIZE
         } else {
             size < self.config.max_split_size && remaining > SMALL_SIZE
@@ -363,7 +364,7 @@ impl<B: Backend> Inner<B> {
         let already_split = b.is_split();
         // expandable blocks stay out of `inactive_split` (PyTorch 2.11)
         let expandable = b.expandable;
-        if self.should_split(b.small, b.size, p.size) {
+        if self.should_split(b.pool, b.small, b.size, p.size) {
             let rem_size = b.size - p.size;
             let rid = self.blocks.split(id, p.size);
             self.insert_free(rid);
