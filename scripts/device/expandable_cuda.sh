@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, after `cargo xtask bench-cuda`
 # here (dist/cuda/bin/cachalot, dist/cuda/traces): replays every trace on the
-# CUDA backend in cachalot's configs (default: fixed segments, steady
+# CUDA backend in cachalot's configs (fixed segments with steady
 # placement; PyTorch's expandable mode; cachalot's expandable mode with page
-# recycling) and prints peak reserved / live peak, device allocations
+# recycling, the default) and prints peak reserved / live peak, device allocations
 # (first pass / all passes) and cold / warm host ns per op.
 #   scripts/device/expandable_cuda.sh [DIST]     (DIST default dist/cuda)
 set -u -o pipefail

@@ -250,9 +250,10 @@ enum Command {
     },
     /// Will it fit? The smallest simulated device on which the trace
     /// replays, for each policy: PyTorch's default (placement:pytorch),
-    /// PyTorch's expandable segments, cachalot's default, cachalot with
-    /// expandable segments (a bisection in 2 MiB steps, the allocator's
-    /// segment granularity, so the answer is exact).
+    /// PyTorch's expandable segments, cachalot with fixed segments,
+    /// cachalot's default (expandable segments with page recycling) (a
+    /// bisection in 2 MiB steps, the allocator's segment granularity, so
+    /// the answer is exact).
     #[command(after_help = FIT_EXAMPLES)]
     Fit {
         /// Trace file, `-` for standard input, or synthetic trace name.
