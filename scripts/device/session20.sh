@@ -16,11 +16,13 @@
 #                                        inference, GPT-2 training: native,
 #                                        native expandable, cachalot's default,
 #                                        cachalot's fixed segments)
+#   scripts/device/session20.sh final    the test binaries, one bench.sh round,
+#                                        the PyTorch drop-in suite
 #   scripts/device/session20.sh torch    the PyTorch drop-in suite
 #                                        (python/run_gpu_suite.sh; its
 #                                        train_compare runs cachalot's default)
 set -u
-PART=${1:?gpu, clients or torch}
+PART=${1:?gpu, clients, final or torch}
 OUT=${OUT:-/tmp/out}; L=/tmp/logs-$PART; rm -rf "$L"; mkdir -p "$L" "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 S=$(date +%s)
@@ -63,6 +65,19 @@ case $PART in
     grep -E "FAILED|panicked" "$L/run.txt" | head -20; tail -3 "$L/run.txt"
     grep -E "^==|mops" "$L/threads.txt" | sed -E 's/"ops":[0-9]+,//'
     tail -14 "$L/clients.txt" ;;
+  final)
+    (cd dist/cuda && CACHALOT_SANITIZER=0 timeout ${T_TESTS:-120} ./run.sh) >"$L/run.txt" 2>&1
+    echo "run.sh: rc=$? after $(( $(date +%s) - S )) s"
+    (cd dist/cuda && RESULTS=$L/results ROUNDS=1 WARMUP=1 MODES="default expandable" THREADS=0 \
+      timeout ${T_BENCH:-150} ./bench.sh) >"$L/bench.txt" 2>&1
+    echo "bench.sh: rc=$? after $(( $(date +%s) - S )) s"
+    export PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1
+    OUT=$L/suite timeout ${T_TORCH:-330} python/run_gpu_suite.sh >"$L/suite.txt" 2>&1
+    echo "run_gpu_suite.sh: rc=$? after $(( $(date +%s) - S )) s"
+    tar czf "$OUT/logs-$PART.tgz" -C /tmp "logs-$PART"
+    grep -E "FAILED|panicked" "$L/run.txt" | head -20; tail -3 "$L/run.txt"
+    sed -n '/^speed:/,/^PyTorch now/p' "$L/bench.txt" | head -22
+    tail -24 "$L/suite.txt" ;;
   torch)
     export PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1
     OUT=$L timeout ${T_TORCH:-500} python/run_gpu_suite.sh >"$L/suite.txt" 2>&1
