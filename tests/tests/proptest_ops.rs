@@ -97,8 +97,9 @@ fn op() -> impl Strategy<Value = Op> {
 struct Injection {
     pending: Option<Failure>,
     seen: u64,
-    /// The call failures are injected into: `Malloc`, or `CreatePhysical`
-    /// with expandable segments.
+    /// The call failures are injected into: `Malloc` with fixed segments,
+    /// `CreatePhysical` with expandable ones (the configuration in force
+    /// when the failure was injected decides).
     call: Option<MockCall>,
 }
 
@@ -220,18 +221,32 @@ struct Live {
     streams: Vec<MockStream>,
 }
 
-fn run(ops: Vec<Op>, completion: Completion) -> Result<(), TestCaseError> {
-    run_with(ops, completion, false)
+/// Which segments a run asks for, added to every configuration it sets.
+#[derive(Clone, Copy, Debug)]
+enum Segments {
+    /// Nothing added: the default (expandable on the mock, which has virtual
+    /// memory; fixed after `placement:pytorch`, both kinds then coexisting).
+    Default,
+    /// `expandable_segments:True` everywhere.
+    Expandable,
+    /// `expandable_segments:False` everywhere.
+    Fixed,
 }
 
-/// [`run`], with `expandable_segments:True` added to every configuration
-/// when `expandable` (failures are then injected into `create_physical`).
-fn run_with(ops: Vec<Op>, completion: Completion, expandable: bool) -> Result<(), TestCaseError> {
+fn run(ops: Vec<Op>, completion: Completion) -> Result<(), TestCaseError> {
+    run_with(ops, completion, Segments::Default)
+}
+
+/// [`run`], with the segments asked for added to every configuration.
+/// Failures are injected into the call that makes new memory under the
+/// configuration in force: `malloc` for fixed segments, `create_physical`
+/// for expandable ones.
+fn run_with(ops: Vec<Op>, completion: Completion, segments: Segments) -> Result<(), TestCaseError> {
     let m: MockBackend = MockConfig::new(GIB).completion(completion).build();
-    let extra = if expandable {
-        ",expandable_segments:True"
-    } else {
-        ""
+    let extra = match segments {
+        Segments::Default => "",
+        Segments::Expandable => ",expandable_segments:True",
+        Segments::Fixed => ",expandable_segments:False",
     };
     // `extra` without its comma
     let conf = AllocatorConfig::parse(&extra[extra.len().min(1)..]).unwrap();
@@ -240,10 +255,7 @@ fn run_with(ops: Vec<Op>, completion: Completion, expandable: bool) -> Result<()
     let mut live: Vec<Live> = Vec::new();
     let mut freed: Vec<u64> = Vec::new();
     let mut next_tag = 1u64;
-    let mut inj = Injection {
-        call: expandable.then_some(MockCall::CreatePhysical),
-        ..Injection::default()
-    };
+    let mut inj = Injection::default();
     let mut fraction = 1.0f64;
     for op in ops {
         match op {
@@ -361,7 +373,18 @@ fn run_with(ops: Vec<Op>, completion: Completion, expandable: bool) -> Result<()
                 } else {
                     Failure::OutOfMemory
                 };
-                m.fail_call_at_with(inj.call(), 1, f);
+                // the call that makes new memory under the configuration in
+                // force; a failure still pending on the other one is dropped
+                let call = if a.config().expandable_segments {
+                    MockCall::CreatePhysical
+                } else {
+                    MockCall::Malloc
+                };
+                if inj.pending.is_some() && inj.call() != call {
+                    m.clear_failures_of(inj.call());
+                }
+                inj.call = Some(call);
+                m.fail_call_at_with(call, 1, f);
                 inj.pending = Some(f);
             }
         }
@@ -434,7 +457,7 @@ proptest! {
     fn random_operations_keep_every_invariant_with_expandable_segments(
         ops in proptest::collection::vec(op(), 1..200),
     ) {
-        run_with(ops, Completion::Manual, true)?;
+        run_with(ops, Completion::Manual, Segments::Expandable)?;
     }
 
     #[test]
@@ -443,12 +466,28 @@ proptest! {
         max_delay_ops in 0u32..24,
         ops in proptest::collection::vec(op(), 1..200),
     ) {
-        run_with(ops, Completion::Random { seed, max_delay_ops }, true)?;
+        run_with(ops, Completion::Random { seed, max_delay_ops }, Segments::Expandable)?;
+    }
+
+    #[test]
+    fn random_operations_keep_every_invariant_with_fixed_segments(
+        ops in proptest::collection::vec(op(), 1..200),
+    ) {
+        run_with(ops, Completion::Manual, Segments::Fixed)?;
+    }
+
+    #[test]
+    fn random_operations_keep_every_invariant_with_fixed_segments_late_completion(
+        seed in any::<u64>(),
+        max_delay_ops in 0u32..24,
+        ops in proptest::collection::vec(op(), 1..200),
+    ) {
+        run_with(ops, Completion::Random { seed, max_delay_ops }, Segments::Fixed)?;
     }
 }
 
 /// Shrunk cases that catch known engine mistakes deterministically (random
-/// cases find them only now and then).
+/// cases find them only now and then), each in the segments it was found in.
 mod regressions {
     use super::*;
     use Op::*;
@@ -501,7 +540,7 @@ mod regressions {
                 stream: 2,
             },
         ];
-        run(ops, Completion::Manual).unwrap();
+        run_with(ops, Completion::Manual, Segments::Fixed).unwrap();
     }
 
     /// Expandable segments under a memory fraction, `max_split_size_mb:40`:
@@ -561,7 +600,7 @@ mod regressions {
                 seed: 0,
                 max_delay_ops: 0,
             },
-            true,
+            Segments::Expandable,
         )
         .unwrap();
     }
@@ -597,6 +636,6 @@ mod regressions {
                 stream: 0,
             },
         ];
-        run(ops, Completion::Manual).unwrap();
+        run_with(ops, Completion::Manual, Segments::Fixed).unwrap();
     }
 }
