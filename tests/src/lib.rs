@@ -106,3 +106,13 @@ pub trait Harness: Sized {
         CachingAllocator::with_config(self.backend(), config).expect("allocator")
     }
 }
+
+/// Cases per property of the property tests: `default` (what CI runs), or
+/// `PROPTEST_CASES` when set to a number (longer local soaks), within
+/// 1..=1,000,000.
+pub fn proptest_cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .map_or(default, |n| n.clamp(1, 1_000_000))
+}

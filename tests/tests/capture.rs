@@ -384,7 +384,11 @@ fn op_strategy() -> impl Strategy<Value = Op> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    // 256 cases (CI), or `PROPTEST_CASES` when set
+    #![proptest_config(ProptestConfig {
+        cases: cachalot_conformance::proptest_cases(256),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn random_capture_programs_are_race_free(

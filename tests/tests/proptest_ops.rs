@@ -428,13 +428,9 @@ fn run_with(ops: Vec<Op>, completion: Completion, segments: Segments) -> Result<
     Ok(())
 }
 
-/// Cases per property: 1,024 (CI), or `PROPTEST_CASES` when set (longer
-/// local runs), at most a million.
+/// Cases per property: 1,024 (CI), or `PROPTEST_CASES` when set.
 fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
-        .map_or(1024, |n| n.clamp(1, 1_000_000))
+    cachalot_conformance::proptest_cases(1024)
 }
 
 proptest! {
