@@ -24,8 +24,11 @@ One run (what the driver starts) prints `RESULT {json}`:
 The driver prints a table (peak reserved MiB, peak allocated MiB, device
 allocations, the workload's wall time (synchronized; model set-up
 excluded for `bert`), whether the outputs equal native's) and exits 1 when cachalot's
-default reserves more than native expandable at its peak, or an output
-differs.
+default reserves more than native expandable at its peak, an output
+differs, or a cachalot run leaves more than 64 MiB reserved beyond its
+allocated bytes after `empty_cache` at the end. A bert run also records its
+peak reserved after 60, 250, 1,000, 3,000 and 10,000 requests and at its
+last (`--requests 3000`: a soak; the table shows whether memory creeps).
 """
 
 from __future__ import annotations
@@ -50,7 +53,12 @@ WAYS = (
 )
 
 
-def run_bert(torch, requests: int, clock: dict) -> list[str]:
+# request counts at which a bert run records its peak reserved so far (the
+# soak's trajectory: memory that creeps up over a long run shows here)
+CHECKPOINTS = (60, 250, 1000, 3000, 10000)
+
+
+def run_bert(torch, requests: int, clock: dict, trajectory: list) -> list[str]:
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(0)
@@ -60,12 +68,15 @@ def run_bert(torch, requests: int, clock: dict) -> list[str]:
     torch.cuda.synchronize()
     clock["start"] = time.perf_counter()
     with torch.no_grad():
-        for _ in range(requests):
+        for i in range(requests):
             b, s = rng.randint(1, 48), rng.randint(16, 512)
             ids = torch.randint(0, 30522, (b, s), generator=torch.Generator().manual_seed(rng.randrange(1 << 30)))
             out = m(input_ids=ids.to("cuda")).last_hidden_state
             sums.append(float(out.double().sum().item()).hex())
             del out, ids
+            if i + 1 in CHECKPOINTS or i + 1 == requests:
+                st = torch.cuda.memory_stats(0)
+                trajectory.append((i + 1, st["reserved_bytes.all.peak"], st.get("num_device_alloc")))
     return sums
 
 
@@ -82,8 +93,9 @@ def run_one(workload: str, allocator: str, config: str | None, lib: str | None, 
     torch.backends.cudnn.benchmark = False
     torch.backends.cuda.matmul.allow_tf32 = False
     clock = {"start": time.perf_counter()}
+    trajectory: list = []
     if workload == "bert":
-        outputs = run_bert(torch, requests, clock)
+        outputs = run_bert(torch, requests, clock, trajectory)
     elif workload == "gpt2":
         sys.path.insert(0, str(HERE))
         import train_compare
@@ -96,6 +108,14 @@ def run_one(workload: str, allocator: str, config: str | None, lib: str | None, 
     torch.cuda.synchronize()
     seconds = time.perf_counter() - clock["start"]
     st = torch.cuda.memory_stats(0)
+    # everything the workload made is garbage now: what empty_cache leaves
+    # reserved beyond what is still allocated (cuBLAS workspaces) is what a
+    # long run would leak
+    import gc
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    after = torch.cuda.memory_stats(0)
     return {
         "workload": workload,
         "allocator": allocator,
@@ -106,7 +126,18 @@ def run_one(workload: str, allocator: str, config: str | None, lib: str | None, 
         "peak_allocated": st["allocated_bytes.all.peak"],
         "num_device_alloc": st.get("num_device_alloc"),
         "seconds": seconds,
+        "trajectory": trajectory,
+        "reserved_after_empty_cache": after["reserved_bytes.all.current"],
+        "allocated_after_empty_cache": after["allocated_bytes.all.current"],
     }
+
+
+def way(r: dict) -> str:
+    """The WAYS name of one run's result."""
+    for name, alloc, conf in WAYS:
+        if (alloc, conf) == (r["allocator"], r["config"]):
+            return name
+    return f"{r['allocator']} {r['config']}"
 
 
 def child(workload: str, allocator: str, config: str | None, args) -> dict:
@@ -126,6 +157,12 @@ def child(workload: str, allocator: str, config: str | None, args) -> dict:
     raise SystemExit(f"{workload}/{allocator}/{config}: no result (rc {p.returncode})\n{p.stderr[-3000:]}")
 
 
+# what empty_cache may leave reserved beyond the allocated bytes once a
+# workload ends: the unused rest of the pages or segments that hold live
+# blocks (cuBLAS workspaces), a few per stream and pool
+KEEP_AFTER_EMPTY_CACHE = 64 << 20
+
+
 def drive(args) -> int:
     ok, rows, results = True, [], []
     for w in args.workloads.split(","):
@@ -139,12 +176,31 @@ def drive(args) -> int:
                          r["num_device_alloc"], r["seconds"], same))
         if runs["cachalot"]["peak_reserved"] > runs["native-expandable"]["peak_reserved"]:
             ok = False
+        for name, r in runs.items():
+            left = r["reserved_after_empty_cache"] - r["allocated_after_empty_cache"]
+            if r["allocator"] == "cachalot" and left > KEEP_AFTER_EMPTY_CACHE:
+                print(f"{w} {name}: {left:,} B cached after empty_cache")
+                ok = False
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     print("| workload | allocator | peak reserved MiB | peak allocated MiB | device allocs | time s | outputs = native |")
     print("|---|---|---|---|---|---|---|")
     for w, name, pr, pa, nd, secs, same in rows:
         print(f"| {w} | {name} | {pr:,.0f} | {pa:,.0f} | {nd} | {secs:.2f} | {'yes' if same else 'NO'} |")
+    print("\n| workload | allocator | reserved / allocated after empty_cache, MiB |")
+    print("|---|---|---|")
+    for r in results:
+        print(f"| {r['workload']} | {way(r)} | {r['reserved_after_empty_cache'] / 2**20:,.1f} / "
+              f"{r['allocated_after_empty_cache'] / 2**20:,.1f} |")
+    traj = [r for r in results if r["trajectory"]]
+    if traj:
+        points = [n for n, _, _ in traj[0]["trajectory"]]
+        print("\npeak reserved MiB (device allocations) after N requests")
+        print("| workload | allocator | " + " | ".join(str(n) for n in points) + " |")
+        print("|---|---|" + "---|" * len(points))
+        for r in traj:
+            cells = " | ".join(f"{pr / 2**20:,.0f} ({nd})" for _, pr, nd in r["trajectory"])
+            print(f"| {r['workload']} | {way(r)} | {cells} |")
     print("\nALL CHECKS PASSED" if ok else "\nSOME CHECK FAILED")
     return 0 if ok else 1
 
