@@ -11,7 +11,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 S=$(date +%s)
 export PYTHONPATH=$PWD/python CUBLAS_WORKSPACE_CONFIG=:4096:8
 for w in bert gpt2; do
-  timeout 290 python3 python/client_memory.py --lib dist/cuda/lib/libcachalot_capi.so --workloads $w \
+  timeout $([ $w = bert ] && echo 380 || echo 200) python3 python/client_memory.py --lib dist/cuda/lib/libcachalot_capi.so --workloads $w \
     --requests "${REQUESTS:-2000}" --steps "${STEPS:-20}" --json "$OUT/client-$w.json" >"$OUT/client-$w.txt" 2>&1
   echo "$w: rc=$? after $(( $(date +%s) - S )) s"
   cat "$OUT/client-$w.txt"
