@@ -159,8 +159,8 @@ KEEP_AFTER_EMPTY_CACHE = 64 << 20
 
 def drive(args) -> int:
     ok, rows, results = True, [], []
+    ways = [x for x in WAYS if x[0] in args.ways.split(",")]
     for w in args.workloads.split(","):
-        ways = [x for x in WAYS if x[0] in args.ways.split(",")]
         runs = {name: dict(child(w, alloc, conf, args), way=name) for name, alloc, conf in ways}
         results += list(runs.values())
         # the reference outputs: native's, else the first way's
@@ -216,7 +216,7 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     unknown = set(args.ways.split(",")) - {w[0] for w in WAYS}
-    if unknown or not args.ways:
+    if unknown:
         ap.error(f"unknown ways {sorted(unknown)}")
     if args.run:
         r = run_one(args.run, args.allocator, args.config, args.lib, args.requests, args.steps)
