@@ -94,7 +94,7 @@ fn free_pages_of_one_stream_serve_another() {
 /// written through the returned memory is there. The three runs that come
 /// back lie one below the other in s1's free block (they were mapped there
 /// last first), so they leave it in one move (one `segment_unmap` of the
-/// memory history, of all 50 MiB; "Cheaper moves", session 18).
+/// memory history, of all 50 MiB; "Cheaper moves").
 /// `empty_cache` then unmaps every ghost with the pages, and nothing is
 /// left on the device.
 #[test]
@@ -808,7 +808,8 @@ fn trace(name: &str) -> Trace {
 /// fragmentation leave free pages (side_stream_pipeline by over 20%: 1.1996
 /// of its live peak against 1.5687, where it settles with no device call
 /// after its first pass; 1.1073 while its pages crept up the reservation,
-/// moved by about 350 driver calls a pass, before session 16).
+/// moved by about 350 driver calls a pass, before the lowest chain and
+/// ghost mappings).
 #[test]
 fn recorded_traces_reserve_no_more_than_pytorch_expandable() {
     for name in ["gpt2_train", "resnet50_train", "side_stream_pipeline"] {
@@ -955,9 +956,8 @@ fn replay_lagging(t: &Trace, passes: usize, config: &str, lag: u64) -> (i64, u64
 /// the lowest chain, 7,482 before large mappings took large runs),
 /// resnet50_train 3,022 with none, side_stream_pipeline 76 with 55 (72
 /// with 66 before the ghost mappings), against PyTorch's mode's 7,948 /
-/// 3,036 / 102 (a page move
-/// without a wait, tried in session 15 before the large runs, made them
-/// 7,524 / 3,022 / 86 MiB: design-expandable.md).
+/// 3,036 / 102 (a page move without a wait, tried before the large runs
+/// and not kept, made them 7,524 / 3,022 / 86 MiB: design-expandable.md).
 #[test]
 fn recorded_traces_on_a_lagging_device() {
     for (name, max_syncs) in [
@@ -1057,14 +1057,15 @@ fn calls_per_pass(trace: &Trace, passes: usize) -> (Dev, Vec<u64>, f64) {
 /// request's chain is chosen before pages recycle (the lowest that fits)
 /// and reserved memory may pass the allocated peak by 2% (more, up to
 /// 6.25%, only while pages keep moving) without moving pages, so the real
-/// training traces make no device call from their fourth pass (before
-/// session 8: about 1,600 calls per pass on gpt2 and 400 on resnet50), at a
-/// peak within 2.5% of the live peak. side_stream_pipeline (two streams
-/// taking turns) still moves pages in every pass, but between the same
-/// places, through ghost mappings: no device call from its second pass
-/// (before session 16: about 350 a pass, the mapped range creeping up the
-/// reservation), at 1.1996 of its live peak, below RMM's smallest pool
-/// (1.249).
+/// training traces make no device call from their fourth pass (recycling
+/// whenever a segment would grow past the reserved peak, with no chain
+/// chosen first and no allowance, made about 1,600 calls per pass on gpt2
+/// and 400 on resnet50), at a peak within 2.5% of the live peak.
+/// side_stream_pipeline (two streams taking turns) still moves pages in
+/// every pass, but between the same places, through ghost mappings: no
+/// device call from its second pass (without ghost mappings and the lowest
+/// chain: about 350 a pass, the mapped range creeping up the reservation),
+/// at 1.1996 of its live peak, below RMM's smallest pool (1.249).
 #[test]
 fn recycling_settles_on_repeating_traces() {
     for (name, settled, bound) in [
@@ -1090,8 +1091,8 @@ fn recycling_settles_on_repeating_traces() {
 /// backend ([`Backend::query_stream`], one call) instead of recording a
 /// completion fence and querying it (two calls, an event). From the
 /// second pass on: no event recorded or queried, one stream query per
-/// move at most (28 a pass; session 16: a fence recorded and queried per
-/// move, 56 event calls a pass).
+/// move at most (28 a pass; a fence recorded and queried per move instead
+/// would be 56 event calls a pass).
 /// A busy stream still gets a fence (`recycling_takes_idle_streams_pages_first`).
 ///
 /// [`Backend::query_stream`]: cachalot_core::Backend::query_stream

@@ -1031,7 +1031,7 @@ fn fit_finds_the_smallest_device_per_policy() {
         let live = r["peak_live"].as_u64().unwrap();
         // cachalot's default (expandable) may need one run more than its
         // unconstrained peak on a device cut to that peak (gpt2_train:
-        // 2 MiB since session 16's lowest chain, free pages stranded by
+        // 2 MiB with the lowest chain mapped first, free pages stranded by
         // runs that straddle live blocks when the ladder empties the cache)
         let slack = if r["policy"] == "cachalot" {
             2 << 20

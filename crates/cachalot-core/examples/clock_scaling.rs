@@ -1,5 +1,5 @@
 //! What the stat logs' time stamp costs as threads are added (issue 18,
-//! `docs/design-shards.md` "Session 19"): T threads (1, 2, 4, 8, 16 by
+//! `docs/design-shards.md`, what bounds eight threads): T threads (1, 2, 4, 8, 16 by
 //! default, or the comma-separated list given) each read the monotonic
 //! clock the way the engine stamps a logged operation (`Instant`, then
 //! nanoseconds since a start), N times (`CLOCK_READS`, default 2,000,000);

@@ -175,7 +175,7 @@ pub(crate) fn part_of(id: BlockId) -> usize {
 /// One part of the slab: the blocks of the segments of one shard's
 /// streams, by id; dead slots are reused first. Ids carry the part in
 /// their high bits, so a part can move between its shard and the device
-/// (`shard.rs`) and its ids stay valid.
+/// (`shard/`) and its ids stay valid.
 pub(crate) struct Slab<S> {
     part: u32,
     blocks: Vec<Block<S>>,

@@ -1,5 +1,6 @@
 //! The shards' stat logs: exact stats, peaks included, with no shared
-//! write on the fast path (`docs/design-shards.md`, "Session 9").
+//! write on the fast path (`docs/design-shards.md`, time-stamped stat
+//! logs).
 //!
 //! A fast operation (a hit, a plain free) does not touch the device's
 //! [`DeviceStats`]: it appends its stat changes to its shard's log, one

@@ -92,7 +92,7 @@ impl Limits {
 /// The engine's state for one device.
 pub(crate) struct Inner<B: Backend> {
     /// Every block, one part per shard (the parts are here only while the
-    /// device holds every shard, see `shard.rs`).
+    /// device holds every shard, see `shard/`).
     pub(super) blocks: Blocks<B::Stream>,
     pub(super) pools: Pools<B::Stream>,
     pub(super) segments: Segments<Phys<B>, B::Stream>,
