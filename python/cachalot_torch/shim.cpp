@@ -8,7 +8,7 @@
 //
 // Typed errors a user sees:
 //   out of memory                    -> torch.OutOfMemoryError (cachalot's report)
-//   IPC, pool checkpoints, MemPool with its own allocator, use_on_oom,
+//   IPC, MemPool with its own allocator, use_on_oom,
 //   no_split, caching_allocator_enable(False), trace trackers
 //                                    -> NotImplementedError ("cachalot does not support ...")
 //   anything else cachalot refuses   -> RuntimeError ("cachalot: <call>: <message>")
@@ -22,6 +22,7 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <memory>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -84,9 +85,51 @@ struct PoolContext {
   std::function<bool(cudaStream_t)> filter;
 };
 
-// getCheckpointState's value: cudagraph trees keep it after every recording
-// and hand it back only when a path diverges (setCheckpointPoolState).
-struct NoCheckpoint : CCA::AllocatorState {};
+// ----- pool checkpoints (cudagraph trees) -----
+// getCheckpointState's value: cachalot's checkpoint of a private pool (the
+// layout of every segment, crates/cachalot-core/src/engine/checkpoint.rs).
+// cudagraph trees keep it after every recording and hand it back to
+// setCheckpointPoolState when the path through the tree diverges.
+struct CachalotCheckpointState final : CCA::AllocatorState {
+  explicit CachalotCheckpointState(cachalot_checkpoint_t* h) : handle(h) {}
+  ~CachalotCheckpointState() override { cachalot_checkpoint_free(handle); }
+  CachalotCheckpointState(const CachalotCheckpointState&) = delete;
+  CachalotCheckpointState& operator=(const CachalotCheckpointState&) = delete;
+  cachalot_checkpoint_t* handle;
+};
+
+std::shared_ptr<CCA::AllocatorState> checkpoint_pool(c10::DeviceIndex device,
+                                                     c10::MempoolId_t id) {
+  cachalot_checkpoint_t* h = nullptr;
+  CACHALOT_CHECK(cachalot_pool_checkpoint(device, id.first, id.second, &h));
+  return std::make_shared<CachalotCheckpointState>(h);
+}
+
+// The restore: the blocks the pool had allocated are freed (ptrs_freed),
+// the checkpoint's allocated blocks are allocated again at their addresses
+// and come back as DataPtrs whose deleter is the allocator's own
+// (raw_deleter(), context = the address), so that the binding can hand
+// them to the storages cudagraph trees rebuilt, or release their context
+// for a later raw_delete.
+CCA::CheckpointDelta restore_pool(c10::DeviceIndex device,
+                                  const std::shared_ptr<CCA::AllocatorState>& state,
+                                  c10::DeleterFnPtr deleter) {
+  auto* s = dynamic_cast<CachalotCheckpointState*>(state.get());
+  TORCH_CHECK(s != nullptr,
+              "cachalot: setCheckpointPoolState: the state is not a checkpoint cachalot made");
+  cachalot_checkpoint_delta_t* raw_delta = nullptr;
+  CACHALOT_CHECK(cachalot_pool_restore(device, s->handle, &raw_delta));
+  std::unique_ptr<cachalot_checkpoint_delta_t, void (*)(cachalot_checkpoint_delta_t*)> d(
+      raw_delta, &cachalot_checkpoint_delta_free);
+  CCA::CheckpointDelta out;
+  out.ptrs_freed.assign(d->freed, d->freed + d->num_freed);
+  out.dataptrs_allocd.reserve(d->num_allocated);
+  for (size_t i = 0; i < d->num_allocated; ++i) {
+    void* p = d->allocated[i];
+    out.dataptrs_allocd.emplace_back(p, p, deleter, c10::Device(c10::DeviceType::CUDA, device));
+  }
+  return out;
+}
 
 class CachalotAllocator final : public CCA::CUDAAllocator {
  public:
@@ -291,12 +334,13 @@ class CachalotAllocator final : public CCA::CUDAAllocator {
     }
     return cudaMemcpyPeerAsync(dst, dstDevice, src, srcDevice, count, stream);
   }
-  std::shared_ptr<CCA::AllocatorState> getCheckpointState(c10::DeviceIndex, c10::MempoolId_t) override {
-    return std::make_shared<NoCheckpoint>();
+  std::shared_ptr<CCA::AllocatorState> getCheckpointState(c10::DeviceIndex device,
+                                                          c10::MempoolId_t id) override {
+    return checkpoint_pool(device, id);
   }
-  CCA::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex,
-                                              std::shared_ptr<CCA::AllocatorState>) override {
-    CACHALOT_UNSUPPORTED("restoring a pool checkpoint (setCheckpointPoolState: a cudagraph-trees path that diverges)");
+  CCA::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
+                                              std::shared_ptr<CCA::AllocatorState> pps) override {
+    return restore_pool(device, pps, &delete_fn);
   }
   std::string name() override { return "cachalot"; }
 

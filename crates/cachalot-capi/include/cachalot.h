@@ -236,6 +236,33 @@ int cachalot_snapshot(int device, uint64_t pool_hi, uint64_t pool_lo,
                       int include_traces, cachalot_snapshot_t **out);
 void cachalot_snapshot_free(cachalot_snapshot_t *s);
 
+/* ----- pool checkpoints (cudagraph trees: getCheckpointState /
+ * setCheckpointPoolState) ----- */
+
+typedef struct CachalotCheckpoint cachalot_checkpoint_t; /* opaque */
+
+typedef struct {
+  void *const *freed; /* blocks of the pool that were allocated, now freed */
+  size_t num_freed;
+  void *const *allocated; /* blocks allocated again at their addresses */
+  size_t num_allocated;
+} cachalot_checkpoint_delta_t;
+
+/* Saves the layout of private pool (every segment and block, which are
+ * allocated). Default / unknown / released pool: CACHALOT_ERR_CAPTURE.
+ * Release with cachalot_checkpoint_free. */
+int cachalot_pool_checkpoint(int device, uint64_t pool_hi, uint64_t pool_lo,
+                             cachalot_checkpoint_t **out);
+void cachalot_checkpoint_free(cachalot_checkpoint_t *c);
+/* Restores the checkpoint's pool: frees every block of the pool allocated
+ * now, allocates every block allocated in the checkpoint again at its
+ * address (each then freed with cachalot_raw_delete). A checkpoint that no
+ * longer applies: CACHALOT_ERR_CAPTURE, nothing changed. Release the delta
+ * with cachalot_checkpoint_delta_free. */
+int cachalot_pool_restore(int device, const cachalot_checkpoint_t *c,
+                          cachalot_checkpoint_delta_t **out);
+void cachalot_checkpoint_delta_free(cachalot_checkpoint_delta_t *d);
+
 #ifdef __cplusplus
 }
 #endif

@@ -64,6 +64,7 @@ use cachalot::core::config::ConfigReplay;
 use cachalot::{AllocatorConfig, BackendKind, DeviceAllocator, DeviceStats, Error, Stream};
 use parking_lot::Mutex;
 
+pub mod checkpoint;
 pub mod drop_in;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzz;

@@ -63,6 +63,85 @@ static bool throws(F f, const char* needle) {
   return false;
 }
 
+// Pool checkpoints as cudagraph trees use them: save, let the outputs die
+// and allocate more in the pool, restore; the checkpoint's blocks come back
+// at their addresses as DataPtrs with the allocator's deleter.
+static void checkpoints() {
+  c10::MempoolId_t pool{0, 4545};
+  CCA::createOrIncrefPool(0, pool);
+  auto alloc_in_pool = [&](size_t n) {
+    CCA::beginAllocateToPool(0, pool, [](cudaStream_t) { return true; });
+    void* p = CCA::raw_alloc(n);
+    CCA::endAllocateToPool(0, pool);
+    CCA::releasePool(0, pool);
+    return p;
+  };
+  void* a = alloc_in_pool(512);
+  void* b = alloc_in_pool(512);
+  void* c = alloc_in_pool(3 << 20);
+  CCA::raw_delete(b);
+  auto state = CCA::getCheckpointState(0, pool);
+  CHECK(state != nullptr);
+  auto before = CCA::snapshot(pool, false).segments;
+  CCA::raw_delete(a);
+  void* later = alloc_in_pool(4096);
+  CHECK(CCA::checkPoolLiveAllocations(0, pool, {c, later}));
+  auto delta = CCA::setCheckpointPoolState(0, state);
+  std::unordered_set<void*> freed(delta.ptrs_freed.begin(), delta.ptrs_freed.end());
+  CHECK(freed == (std::unordered_set<void*>{c, later}));
+  std::unordered_set<void*> made;
+  for (auto& d : delta.dataptrs_allocd) {
+    made.insert(d.get());
+    CHECK(d.get_context() == d.get());
+    CHECK(d.get_deleter() == CCA::get()->raw_deleter());
+    CHECK(d.device() == c10::Device(c10::DeviceType::CUDA, 0));
+  }
+  CHECK(made == (std::unordered_set<void*>{a, c}));
+  CHECK(CCA::checkPoolLiveAllocations(0, pool, {a, c}));
+  auto after = CCA::snapshot(pool, false).segments;
+  CHECK(after.size() >= before.size());
+  for (const auto& bs : before) {
+    bool found = false;
+    for (const auto& as : after) {
+      if (as.address != bs.address) continue;
+      found = true;
+      CHECK(as.total_size == bs.total_size && as.allocated_size == bs.allocated_size);
+      CHECK(as.blocks.size() == bs.blocks.size());
+      for (size_t i = 0; i < bs.blocks.size() && i < as.blocks.size(); ++i) {
+        CHECK(as.blocks[i].size == bs.blocks[i].size);
+        CHECK(as.blocks[i].allocated == bs.blocks[i].allocated);
+      }
+    }
+    CHECK(found);
+  }
+  // the binding gives the DataPtr of `a` to a storage and releases `c`'s
+  // context: dropping the first frees it, `c` waits for raw_delete
+  {
+    c10::DataPtr keep;
+    for (auto& d : delta.dataptrs_allocd) {
+      if (d.get() == a) {
+        keep = std::move(d);
+      } else {
+        d.release_context();
+      }
+    }
+    delta.dataptrs_allocd.clear();
+    CHECK(CCA::checkPoolLiveAllocations(0, pool, {a, c}));
+  }
+  CHECK(CCA::checkPoolLiveAllocations(0, pool, {c}));
+  CCA::raw_delete(c);
+  CHECK(CCA::checkPoolLiveAllocations(0, pool, {}));
+  // a state cachalot did not make, and a pool that is gone
+  struct Foreign : CCA::AllocatorState {};
+  CHECK(throws<c10::Error>(
+      [&] { CCA::setCheckpointPoolState(0, std::make_shared<Foreign>()); }, "not a checkpoint"));
+  CHECK(throws<c10::Error>([&] { CCA::getCheckpointState(0, {0, 999998}); }, "mempool"));
+  CCA::releasePool(0, pool);
+  CHECK(throws<c10::Error>([&] { CCA::setCheckpointPoolState(0, state); }, "mempool"));
+  CCA::emptyCache();
+  CHECK(CCA::snapshot(pool, false).segments.empty());
+}
+
 int main() {
   CHECK(CCA::get()->name() == "native");
   char err[1024] = {0};
@@ -207,10 +286,9 @@ int main() {
   CHECK(throws<c10::NotImplementedError>([&] { CCA::setNoSplit(0, {0, 1}); }, "no_split"));
   CHECK(throws<c10::NotImplementedError>([&] { CCA::setUseOnOOM(0, {0, 1}, true); }, "use_on_oom"));
   CCA::setUseOnOOM(0, {0, 1}, false);  // the default: fine
-  auto state = CCA::getCheckpointState(0, {0, 1});
-  CHECK(state != nullptr);
-  CHECK(throws<c10::NotImplementedError>([&] { CCA::setCheckpointPoolState(0, state); }, "checkpoint"));
   CHECK(throws<c10::NotImplementedError>([&] { CCA::attachAllocatorTraceTracker({}); }, "trace tracker"));
+
+  checkpoints();
 
   if (failures == 0) std::printf("shim driver: ok\n");
   return failures == 0 ? 0 : 1;

@@ -176,6 +176,10 @@ pub enum CaptureError {
     /// Streams of one capture report different graphs or states.
     #[error("inconsistent capture state: {0}")]
     Inconsistent(String),
+    /// A pool checkpoint cannot be restored: taken by another allocator, or
+    /// its segments are no longer the pool's as they were.
+    #[error("cannot restore the pool checkpoint: {0}")]
+    Checkpoint(String),
 }
 
 /// Details of an out-of-memory failure, with PyTorch's message fields and

@@ -15,6 +15,7 @@ mod accounting;
 mod addr_table;
 mod block;
 mod capture;
+mod checkpoint;
 mod events;
 mod expandable;
 mod free_set;
@@ -46,6 +47,9 @@ use crate::error::{Error, OomReport};
 use crate::stats::DeviceStats;
 
 pub use capture::PoolFilter;
+pub use checkpoint::{
+    CheckpointBlock, CheckpointDelta, CheckpointSegment, CheckpointState, PoolCheckpoint,
+};
 pub use history::{HistoryConfig, TraceAction, TraceEntry};
 use locks::{Padded, ShardLock};
 pub use pools::PoolId;
