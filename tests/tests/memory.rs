@@ -881,27 +881,167 @@ fn the_default_reserves_less_than_every_pytorch_mode_and_rmm() {
     }
 }
 
-/// A device with less address space left than 1.125x its memory: an
-/// expandable segment's reservation is halved until it fits (down to the
-/// request), so each of three streams gets its segment. A 4 TiB mock keeps
-/// 8 TiB for reservations: 4.5 TiB, then 2.25, then 1.125.
+/// A device with less address space left than its segments ask for: in
+/// PyTorch's mode an expandable segment's reservation (1.125x the device)
+/// is halved until it fits (down to the request); in cachalot's the second
+/// of two segments asks for half of 1.125x the device and the third, when
+/// its third is refused, for what the request needs, so the address space
+/// left serves as many streams as it can. A 4 TiB mock keeps 8 TiB for
+/// reservations.
 #[test]
-fn reservations_shrink_to_the_address_space_left() {
-    let d = Dev::with_capacity("", 4 << 40);
-    let streams = [d.s0(), d.stream(), d.stream()];
-    let ptrs: Vec<u64> = streams.iter().map(|&s| d.alloc_on(1 << 40, s)).collect();
-    // 4.5 TiB; 4.5 refused, 2.25; 4.5 and 2.25 refused, 1.125
-    assert_eq!(d.m.call_count(MockCall::Reserve), 6);
-    let mut sizes: Vec<u64> = d.m.live_reservations().iter().map(|r| r.1).collect();
-    sizes.sort_unstable();
+fn reservations_share_the_address_space() {
     let t = 1u64 << 40;
-    assert_eq!(sizes, [t + t / 8, 2 * t + t / 4, 4 * t + t / 2]);
-    for p in ptrs {
-        d.free(p);
+    // PyTorch's pages are 20 MiB in the large pool
+    let up = |x: u64| x.div_ceil(20 * MIB) * 20 * MIB;
+    let (p1, p2) = (up(4 * t + t / 2), up(up(4 * t + t / 2) / 2));
+    for (config, calls, want) in [
+        // 4.5 TiB; 4.5 refused, 2.25; 4.5 and 2.25 refused, 1.125
+        (PYTORCH, 6, [up(p2 / 2), p2, p1]),
+        // 4.5 TiB; 2.25; 1.5 refused, 1
+        (CACHALOT, 4, [t, 2 * t + t / 4, 4 * t + t / 2]),
+    ] {
+        let d = Dev::with_capacity(config, 4 << 40);
+        let streams = [d.s0(), d.stream(), d.stream()];
+        let ptrs: Vec<u64> = streams.iter().map(|&s| d.alloc_on(t, s)).collect();
+        assert_eq!(d.m.call_count(MockCall::Reserve), calls, "{config}");
+        let mut sizes: Vec<u64> = d.m.live_reservations().iter().map(|r| r.1).collect();
+        sizes.sort_unstable();
+        assert_eq!(sizes, want, "{config}");
+        for p in ptrs {
+            d.free(p);
+        }
+        d.a.empty_cache().unwrap();
+        d.check();
+        assert_eq!(
+            d.m.reservation_count(),
+            0,
+            "{config}: every reservation freed"
+        );
     }
-    d.a.empty_cache().unwrap();
+}
+
+/// One 82 MiB block on each of `n` streams of an H200-sized mock with
+/// `config`, the invariants checked every 100 streams: the streams served
+/// before the first failure, and the failure.
+fn blocks_on_streams(
+    d: &Dev,
+    n: usize,
+    config: &str,
+) -> (Vec<(MockStream, u64)>, Option<cachalot_core::Error>) {
+    let mut held = Vec::new();
+    for i in 0..n {
+        let s = if i == 0 { d.s0() } else { d.stream() };
+        match d.a.allocate(82 * MIB, s) {
+            Ok(p) => held.push((s, p)),
+            Err(e) => return (held, Some(e)),
+        }
+        if i % 100 == 99 {
+            d.check();
+        }
+    }
+    eprintln!(
+        "{config}: {n} streams, {} reservations, {} GiB of address space",
+        d.m.reservation_count(),
+        d.m.reserved_bytes() >> 30
+    );
+    (held, None)
+}
+
+/// Many streams in cachalot's default: 1,000 streams each holding one
+/// 82 MiB block (80 GiB live) fit on an H200-sized mock, as with fixed
+/// segments (200 of them here), and take a bounded share of the address space: a segment
+/// gets 1.125x the device divided among the live segments, about 8.5x the
+/// device for 1,000 (1.125x per stream ran out of the mock's 15 TiB at the
+/// 98th, and the 104th allocation failed). Everything is released after,
+/// and the streams serve their blocks again. In PyTorch's mode (1.125x per
+/// stream, as PyTorch 2.11) address space runs out first, and the report
+/// says so instead of advising `empty_cache`: nothing is releasable.
+#[test]
+fn a_thousand_streams_each_hold_a_block() {
+    use cachalot_conformance::mock::{FIXED, H200_BYTES};
+    const N: usize = 1000;
+    for (config, n) in [("", N), (FIXED, 200)] {
+        let d = Dev::with_capacity(config, H200_BYTES);
+        let (held, err) = blocks_on_streams(&d, n, config);
+        assert!(err.is_none(), "{config}: stream {}: {err:?}", held.len());
+        let s = d.a.memory_stats();
+        assert_eq!(
+            s["allocated_bytes.all.current"],
+            (n as u64 * 82 * MIB) as i64
+        );
+        if config != FIXED {
+            // 1.125 x the device x H(1000) (7.49), rounded up
+            let bound = H200_BYTES / 8 * 9 * 15 / 2;
+            assert!(
+                d.m.reserved_bytes() <= bound,
+                "{config}: {} B of address space",
+                d.m.reserved_bytes()
+            );
+            assert_eq!(d.m.reservation_count(), N);
+        }
+        d.check();
+        for &(_, p) in &held {
+            d.a.free(p).unwrap();
+        }
+        d.a.empty_cache().unwrap();
+        assert_eq!(
+            d.m.reservation_count(),
+            0,
+            "{config}: every reservation freed"
+        );
+        // the same streams again
+        for &(s, _) in &held {
+            d.a.allocate(82 * MIB, s)
+                .expect("allocation after empty_cache");
+        }
+        d.check();
+        d.drop_without_vmm_leaks();
+    }
+    let d = Dev::with_capacity(PYTORCH, H200_BYTES);
+    let (held, err) = blocks_on_streams(&d, N, PYTORCH);
+    match err {
+        Some(cachalot_core::Error::OutOfMemory(r)) => {
+            assert!(held.len() > 90 && held.len() < 200, "{}", held.len());
+            assert!(!r.fits_after_empty_cache, "{r}");
+            let text = r.to_string();
+            assert!(text.contains("would not make this request fit"), "{text}");
+            assert!(text.contains("what ran out is not its memory"), "{text}");
+        }
+        other => panic!("PyTorch's mode: expected an out-of-memory error, got {other:?}"),
+    }
     d.check();
-    assert_eq!(d.m.reservation_count(), 0, "every reservation freed");
+}
+
+/// A stream that outgrows its segment in cachalot's mode reserves another
+/// at least as large as those it holds, so its segments double: ten 64
+/// MiB blocks on the last of 16 streams of a 1 GiB device (a share of 72
+/// MiB) take five segments (72, 72, 144, 288 and 576 MiB), not ten.
+#[test]
+fn a_stream_that_outgrows_its_share_doubles_its_segments() {
+    let d = Dev::with_capacity(CACHALOT, 1 << 30);
+    let streams: Vec<MockStream> = std::iter::once(d.s0())
+        .chain((1..16).map(|_| d.stream()))
+        .collect();
+    for &s in &streams {
+        d.alloc_on(2 * MIB, s);
+    }
+    let before: Vec<(u64, u64)> = d.m.live_reservations();
+    assert_eq!(before.len(), 16);
+    let last = *streams.last().unwrap();
+    for _ in 0..10 {
+        d.alloc_on(64 * MIB, last);
+    }
+    let mut grown: Vec<u64> =
+        d.m.live_reservations()
+            .into_iter()
+            .filter(|r| !before.contains(r))
+            .map(|r| r.1 >> 20)
+            .collect();
+    grown.sort_unstable();
+    assert_eq!(grown, [72, 144, 288, 576]);
+    // the last stream's first segment was 1.125 GiB / 16
+    assert!(before.iter().any(|r| r.1 == 72 * MIB));
+    d.check();
 }
 
 /// Replays `trace` for `passes` passes on a manual mock that lags the host

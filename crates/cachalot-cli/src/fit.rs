@@ -17,6 +17,16 @@
 //! capacity-dependent rule, `garbage_collection_threshold`, can break it;
 //! the upper bound is then found by doubling, and the answer is still a
 //! size that fits).
+//!
+//! A failure is either too little memory or too little address space: an
+//! out-of-memory report with the request's bytes still free on the device
+//! ([`Probe::address_space`]). Address space runs out on *larger* devices
+//! (PyTorch's expandable segments reserve 1.125x the device per stream and
+//! pool, and the mock's address space shrinks past 256 GiB of memory), so
+//! where the unconstrained replay fails for it the sizes a trace fits on
+//! are an interval below: the search first finds one size inside it
+//! (a failure for memory says larger, one for address space smaller), then
+//! bisects its lower end as before.
 
 use std::time::Instant;
 
@@ -45,6 +55,10 @@ pub struct Probe {
     pub peak_allocated: u64,
     /// Peak requested bytes: the trace's own live bytes.
     pub peak_live: u64,
+    /// It failed with the request's bytes free on the device: what ran out
+    /// was address space (or another limit of the device), not memory, so
+    /// a larger device does not help.
+    pub address_space: bool,
 }
 
 /// Replays `trace` `passes` times on a fresh mock device of `size` bytes
@@ -62,9 +76,9 @@ pub fn probe(
         .build();
     let dev = DeviceAllocator::with_mock(backend, Some(config.clone()))
         .map_err(|e| ReplayError::whole(trace, e))?;
-    let fits = match dev.replay(trace, passes, |_| {}) {
-        Ok(_) => true,
-        Err(e) if is_no_fit(&e.source) => false,
+    let (fits, address_space) = match dev.replay(trace, passes, |_| {}) {
+        Ok(_) => (true, false),
+        Err(e) if is_no_fit(&e.source) => (false, not_memory(&e.source)),
         Err(e) => return Err(e),
     };
     let s = dev.stats();
@@ -74,7 +88,20 @@ pub fn probe(
         peak_reserved: peak(s.reserved_bytes.all().peak),
         peak_allocated: peak(s.allocated_bytes.all().peak),
         peak_live: peak(s.requested_bytes.all().peak),
+        address_space,
     })
+}
+
+/// Whether an out-of-memory failure happened with the request's bytes free
+/// on the device (no memory fraction set): then what ran out was not the
+/// device's memory.
+fn not_memory(e: &cachalot::Error) -> bool {
+    match e {
+        cachalot::Error::OutOfMemory(r) => {
+            r.allowed.is_none() && r.device_free >= r.segment_size.max(r.rounded)
+        }
+        _ => false,
+    }
 }
 
 /// The answer of a bisection.
@@ -82,10 +109,56 @@ pub fn probe(
 pub struct Fit {
     /// The smallest device size (a multiple of the granularity) it fits on.
     pub smallest_device: u64,
-    /// The unconstrained replay's figures (a device with room to spare).
+    /// The unconstrained replay's figures (a device with room to spare);
+    /// where that replay ran out of address space, those of the first
+    /// device the search found it fits on.
     pub unconstrained: Probe,
     /// Replays the search ran, the unconstrained one included.
     pub replays: usize,
+    /// A device size (a multiple of the granularity) on which the replay
+    /// ran out of address space: larger devices fail, the answer is the
+    /// lower end of an interval. `None`: it fits on [`UNCONSTRAINED`].
+    pub address_space_from: Option<u64>,
+}
+
+/// The answer of [`smallest_device`].
+#[derive(Clone, Debug)]
+pub enum Answer {
+    /// It fits; the smallest device.
+    Fits(Fit),
+    /// It fits on no device up to [`UNCONSTRAINED`] bytes; `address_space`:
+    /// on the larger ones address space ran out first, on the smaller
+    /// memory.
+    Never {
+        /// Address space, not memory, ran out on the larger devices.
+        address_space: bool,
+    },
+}
+
+impl Answer {
+    /// The fit, if any.
+    pub fn fit(&self) -> Option<&Fit> {
+        match self {
+            Answer::Fits(f) => Some(f),
+            Answer::Never { .. } => None,
+        }
+    }
+
+    /// Why it fits on no device, in words (`None` when it fits).
+    pub fn never_why(&self) -> Option<String> {
+        match self {
+            Answer::Fits(_) => None,
+            Answer::Never { address_space } => Some(format!(
+                "none up to {}{}",
+                units::human(UNCONSTRAINED),
+                if *address_space {
+                    " (address space)"
+                } else {
+                    ""
+                }
+            )),
+        }
+    }
 }
 
 /// Failure of a probe as the command reports it.
@@ -94,41 +167,70 @@ fn probe_failure(e: ReplayError) -> CliError {
 }
 
 /// The smallest mock device (in steps of `granularity` bytes) on which
-/// `trace` replays `passes` times with `config`; `None` when it does not
-/// fit even on [`UNCONSTRAINED`] bytes.
+/// `trace` replays `passes` times with `config`, or why there is none up
+/// to [`UNCONSTRAINED`] bytes.
 pub fn smallest_device(
     trace: &Trace,
     config: &AllocatorConfig,
     passes: usize,
     granularity: u64,
-) -> Result<Option<Fit>, CliError> {
+) -> Result<Answer, CliError> {
     let unit = granularity.max(1);
     let mut replays = 1;
-    let base = probe(trace, config, passes, UNCONSTRAINED).map_err(probe_failure)?;
-    if !base.fits {
-        return Ok(None);
-    }
     let max_k = UNCONSTRAINED / unit;
-    let mut fits = |k: u64| -> Result<bool, CliError> {
+    let mut run = |k: u64| -> Result<Probe, CliError> {
         replays += 1;
-        Ok(probe(trace, config, passes, k * unit)
-            .map_err(probe_failure)?
-            .fits)
+        probe(trace, config, passes, k * unit).map_err(probe_failure)
     };
-    // hi fits; lo does not (below the peak allocated bytes nothing fits)
-    let mut hi = base.peak_reserved.div_ceil(unit).clamp(1, max_k);
-    let mut lo = base
-        .peak_allocated
-        .div_ceil(unit)
-        .saturating_sub(1)
-        .min(hi - 1);
-    while !fits(hi)? {
-        // a capacity-dependent rule made the unconstrained figure too small
-        lo = hi;
-        if hi == max_k {
-            return Ok(None);
+    let first = probe(trace, config, passes, UNCONSTRAINED).map_err(probe_failure)?;
+    // below the peak allocated bytes (of the whole trace, or of the part
+    // replayed before a failure) nothing fits
+    let floor = |p: &Probe| p.peak_allocated.div_ceil(unit).saturating_sub(1);
+    // `base`: a replay that fits, on `top` units; `address_space_from`: a
+    // larger size that ran out of address space
+    let (base, top, address_space_from) = if first.fits {
+        (first, max_k, None)
+    } else if !first.address_space {
+        return Ok(Answer::Never {
+            address_space: false,
+        });
+    } else {
+        // Address space ran out on the largest device: the sizes it fits
+        // on, if any, are an interval below. lo fails for memory, hi for
+        // address space; a size between them that fits ends the search.
+        let (mut lo, mut hi) = (floor(&first).min(max_k - 1), max_k);
+        loop {
+            if hi - lo <= 1 {
+                return Ok(Answer::Never {
+                    address_space: true,
+                });
+            }
+            let mid = lo + (hi - lo) / 2;
+            let p = run(mid)?;
+            if p.fits {
+                break (p, mid, Some(hi * unit));
+            }
+            if p.address_space {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
         }
-        hi = hi.saturating_mul(2).min(max_k);
+    };
+    let mut fits = |k: u64| -> Result<bool, CliError> { Ok(run(k)?.fits) };
+    // hi fits; lo does not (below the peak allocated bytes nothing fits)
+    let mut hi = base.peak_reserved.div_ceil(unit).clamp(1, top);
+    let mut lo = floor(&base).min(hi - 1);
+    while !fits(hi)? {
+        // a capacity-dependent rule made the figure of the replay on a
+        // larger device too small
+        lo = hi;
+        if hi == top {
+            return Ok(Answer::Never {
+                address_space: address_space_from.is_some(),
+            });
+        }
+        hi = hi.saturating_mul(2).min(top);
     }
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
@@ -138,10 +240,11 @@ pub fn smallest_device(
             lo = mid;
         }
     }
-    Ok(Some(Fit {
+    Ok(Answer::Fits(Fit {
         smallest_device: hi * unit,
         unconstrained: base,
         replays,
+        address_space_from,
     }))
 }
 
@@ -183,7 +286,7 @@ pub const POLICIES: [Policy; 4] = [
 struct Row {
     policy: &'static Policy,
     config: String,
-    fit: Option<Fit>,
+    answer: Answer,
 }
 
 /// `cachalot fit`.
@@ -213,26 +316,26 @@ pub fn fit_cmd(
         // the base's warnings were printed once already
         let (c, _) = AllocatorConfig::parse_with_warnings(&text)
             .map_err(|e| CliError::usage(e.to_string()))?;
-        let fit = smallest_device(&trace, &c, passes, granularity).map_err(|e| CliError {
+        let answer = smallest_device(&trace, &c, passes, granularity).map_err(|e| CliError {
             message: format!("{} ({}): {}", policy.label, policy.config, e.message),
             ..e
         })?;
         rows.push(Row {
             policy,
             config: text,
-            fit,
+            answer,
         });
     }
     let elapsed = t0.elapsed();
     let replays: usize = rows
         .iter()
-        .filter_map(|r| r.fit.as_ref())
+        .filter_map(|r| r.answer.fit())
         .map(|f| f.replays)
         .sum();
     let mut out = String::new();
     if json {
         for r in &rows {
-            let f = r.fit.as_ref();
+            let f = r.answer.fit();
             let j = serde_json::json!({
                 "trace": trace.name,
                 "policy": r.policy.name,
@@ -246,6 +349,9 @@ pub fn fit_cmd(
                 "peak_live": f.map(|f| f.unconstrained.peak_live),
                 "ratio": f.map(|f| ratio(f.smallest_device, f.unconstrained.peak_live)),
                 "replays": f.map(|f| f.replays),
+                "address_space_from": f.and_then(|f| f.address_space_from),
+                "address_space": matches!(r.answer, Answer::Never { address_space: true })
+                    || f.is_some_and(|f| f.address_space_from.is_some()),
             });
             out.push_str(&format!("{j}\n"));
         }
@@ -269,17 +375,17 @@ pub fn fit_cmd(
         ];
         let mut table: Vec<[String; 5]> = vec![header.map(String::from)];
         for r in &rows {
-            table.push(match &r.fit {
-                Some(f) => [
+            table.push(match &r.answer {
+                Answer::Fits(f) => [
                     r.policy.label.to_string(),
                     units::bytes(f.smallest_device),
                     units::human(f.unconstrained.peak_reserved),
                     units::human(f.unconstrained.peak_live),
                     format!("{:.3}", ratio(f.smallest_device, f.unconstrained.peak_live)),
                 ],
-                None => [
+                Answer::Never { .. } => [
                     r.policy.label.to_string(),
-                    format!("none up to {}", units::human(UNCONSTRAINED)),
+                    r.answer.never_why().unwrap_or_default(),
                     String::new(),
                     String::new(),
                     String::new(),
@@ -311,6 +417,25 @@ pub fn fit_cmd(
             "  peak reserved: on a device with room to spare; peak live: the trace's own \
              bytes (requested sizes)\n",
         );
+        for r in &rows {
+            if let Answer::Never {
+                address_space: true,
+            } = r.answer
+            {
+                out.push_str(&format!(
+                    "  {}: address space ran out on the larger devices, memory on the smaller\n",
+                    r.policy.label
+                ));
+            }
+            if let Some(from) = r.answer.fit().and_then(|f| f.address_space_from) {
+                out.push_str(&format!(
+                    "  {}: address space runs out first on larger devices (it failed on {}); \
+                     its peak reserved is that of a device it fits on\n",
+                    r.policy.label,
+                    units::human(from)
+                ));
+            }
+        }
         out.push_str(&format!(
             "  {} replays in {:.2} s\n",
             units::group(replays as u64),
@@ -345,6 +470,8 @@ mod tests {
         let c = AllocatorConfig::parse("expandable_segments:False").unwrap();
         let f = smallest_device(&t, &c, 1, DEFAULT_GRANULARITY)
             .unwrap()
+            .fit()
+            .cloned()
             .expect("fits");
         assert_eq!(f.smallest_device, 60 << 20);
         assert!(probe(&t, &c, 1, 60 << 20).unwrap().fits);
@@ -365,6 +492,8 @@ mod tests {
         let c = AllocatorConfig::parse("expandable_segments:False").unwrap();
         let f = smallest_device(&t, &c, 1, DEFAULT_GRANULARITY)
             .unwrap()
+            .fit()
+            .cloned()
             .expect("fits");
         assert_eq!(f.unconstrained.peak_reserved, 40 << 20);
         assert_eq!(f.smallest_device, 30 << 20);
@@ -375,6 +504,14 @@ mod tests {
     fn never_fits_is_none() {
         let t = trace("a 0 1099511627777 0\n");
         let f = smallest_device(&t, &AllocatorConfig::default(), 1, DEFAULT_GRANULARITY).unwrap();
-        assert!(f.is_none());
+        assert!(
+            matches!(
+                f,
+                Answer::Never {
+                    address_space: false
+                }
+            ),
+            "{f:?}"
+        );
     }
 }

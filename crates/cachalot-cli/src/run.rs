@@ -362,7 +362,7 @@ pub fn report_no_fit(setup: &Setup, nf: NoFit<'_>, json: bool) -> Result<CliErro
             "failed_pass": pass,
             "error": error.source.to_string(),
         });
-        j["smallest_device"] = smallest.as_ref().map(|f| f.smallest_device).into();
+        j["smallest_device"] = smallest.fit().map(|f| f.smallest_device).into();
         print_out(&format!("{j}\n"))?;
     } else {
         let mut out = format!(
@@ -385,15 +385,20 @@ pub fn report_no_fit(setup: &Setup, nf: NoFit<'_>, json: bool) -> Result<CliErro
         out.push_str("  allocator report:\n");
         out.push_str(&indented_error(&error.source));
         match &smallest {
-            Some(f) => out.push_str(&format!(
+            crate::fit::Answer::Fits(f) => out.push_str(&format!(
                 "  smallest device it fits on with this config: {} ({} B, bisected in {} steps)\n",
                 units::human(f.smallest_device),
                 units::group(f.smallest_device),
                 units::human(crate::fit::DEFAULT_GRANULARITY)
             )),
-            None => out.push_str(&format!(
-                "  it fits on no device up to {}\n",
-                units::human(crate::fit::UNCONSTRAINED)
+            crate::fit::Answer::Never { address_space } => out.push_str(&format!(
+                "  it fits on no device up to {}{}\n",
+                units::human(crate::fit::UNCONSTRAINED),
+                if *address_space {
+                    " (on the larger devices address space runs out first)"
+                } else {
+                    ""
+                }
             )),
         }
         out.push_str(&format!("  compare the policies: cachalot fit {spec}\n"));

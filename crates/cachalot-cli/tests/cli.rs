@@ -1067,6 +1067,92 @@ fn fit_finds_the_smallest_device_per_policy() {
     assert_usage_error(&run(&["fit", "missing.trace"]), "missing.trace");
 }
 
+/// Many streams (issue 39): one 82 MiB block on each of 200 streams, as
+/// `traces/many_streams.py` writes it. The default replays it on the
+/// H200-sized mock; PyTorch's expandable mode (1.125x the device reserved
+/// per stream) runs out of address space there, and its report says that
+/// emptying the cache would not help and that the device has the memory.
+/// `cachalot fit` answers for every policy, and `replay --device-memory`
+/// agrees (fits on the smallest device, not 2 MiB below); for PyTorch's
+/// expandable mode, larger devices fail for address space and fit says so.
+#[test]
+fn many_streams_replay_and_fit() {
+    const STREAMS: u64 = 200;
+    let mut text = String::from("# trace many_streams\n");
+    for i in 0..STREAMS {
+        text.push_str(&format!("a {i} {} {i}\n", 82u64 << 20));
+    }
+    let t = write_trace("many_streams.trace", &text);
+    let o = run(&["replay", &t, "--backend", "mock", "--passes", "1"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let pytorch = "placement:pytorch,expandable_segments:True";
+    let o = run(&[
+        "replay",
+        &t,
+        "--backend",
+        "mock",
+        "--passes",
+        "1",
+        "--config",
+        pytorch,
+    ]);
+    assert_ne!(o.status.code(), Some(0));
+    let err = stderr(&o);
+    assert!(err.contains("out of memory"), "{err}");
+    assert!(
+        err.contains("Emptying the cache would not make this request fit"),
+        "{err}"
+    );
+    assert!(err.contains("what ran out is not its memory"), "{err}");
+    let o = run(&["fit", &t, "--json", "--passes", "1"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let rows: Vec<serde_json::Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 4);
+    for r in &rows {
+        assert_eq!(r["fits"], true, "{r}");
+        let smallest = r["smallest_device"].as_u64().unwrap();
+        assert!(smallest >= STREAMS * (82 << 20), "{r}");
+        let config = r["config"].as_str().unwrap();
+        let fits_at = |bytes: u64| {
+            let o = run(&[
+                "replay",
+                &t,
+                "--config",
+                config,
+                "--passes",
+                "1",
+                "--json",
+                "--device-memory",
+                &bytes.to_string(),
+            ]);
+            assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+            o.status.code() == Some(0)
+        };
+        assert!(fits_at(smallest), "{r}");
+        assert!(!fits_at(smallest - (2 << 20)), "{r}");
+        if r["policy"] == "pytorch-expandable" {
+            assert_eq!(r["address_space"], true, "{r}");
+            let from = r["address_space_from"].as_u64().unwrap();
+            assert!(from > smallest, "{r}");
+            assert!(!fits_at(from), "{r}");
+        } else {
+            // every stream's block, nothing more
+            assert_eq!(smallest, STREAMS * (82 << 20), "{r}");
+            assert_eq!(r["address_space"], false, "{r}");
+        }
+    }
+    let o = run(&["fit", &t, "--passes", "1"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("PyTorch expandable: address space runs out first on larger devices"),
+        "{}",
+        stdout(&o)
+    );
+}
+
 /// A PyTorch user's environment: keys of another PyTorch allocator are
 /// ignored with one warning on every subcommand; any other bad key is
 /// still exit 2 on every subcommand, and `--config` wins over the variable.

@@ -215,7 +215,8 @@ pub struct OomReport {
     pub largest_free_large: u64,
     /// Free bytes cached per stream (stream rendered with `Debug`).
     pub cached_per_stream: Vec<(String, u64)>,
-    /// Whether releasing every free cached segment would make the segment fit.
+    /// Whether releasing every free cached segment would make the segment
+    /// fit: false when nothing is releasable.
     pub fits_after_empty_cache: bool,
 }
 
@@ -288,7 +289,15 @@ impl fmt::Display for OomReport {
                 "Emptying the cache (empty_cache) would make this request fit."
             )
         } else {
-            write!(f, "Emptying the cache would not make this request fit.")
+            write!(f, "Emptying the cache would not make this request fit.")?;
+            if self.allowed.is_none() && self.device_free >= self.segment_size {
+                write!(
+                    f,
+                    " The device reports that much memory free: what ran out is not its memory \
+                     (address space, or a limit of the driver)."
+                )?;
+            }
+            Ok(())
         }
     }
 }

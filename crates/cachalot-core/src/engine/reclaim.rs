@@ -278,7 +278,10 @@ impl<B: Backend> Inner<B> {
             largest_free_small: largest[0],
             largest_free_large: largest[1],
             cached_per_stream: per_stream.into_iter().collect(),
-            fits_after_empty_cache: limit >= p.alloc_size,
+            // only what is releasable can help: with nothing to release,
+            // emptying the cache changes nothing, however much the device
+            // has free (then what ran out is not its memory)
+            fits_after_empty_cache: releasable_bytes > 0 && limit >= p.alloc_size,
         }
     }
 }
