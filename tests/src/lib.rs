@@ -8,6 +8,11 @@
 //! crate is built with that feature *and* a device is present, and prints
 //! `skipped: <reason>` otherwise ([`skip`]: a failure under
 //! `CACHALOT_REQUIRE_GPU=1`).
+//!
+//! Every file a test reads is found through [`repo_root`] (and
+//! [`traces_dir`]), so that `cargo xtask test-cuda`, which packs those files
+//! next to the test binaries, can point the binaries at them on another
+//! machine.
 
 pub mod capture;
 #[cfg(feature = "cuda")]
@@ -21,23 +26,58 @@ use std::path::PathBuf;
 
 use cachalot_core::{AllocatorConfig, Backend, CachingAllocator};
 
-/// Reports a test that cannot run here: prints `skipped: <reason>` and
-/// returns, or panics when `CACHALOT_REQUIRE_GPU` is set (to anything but
-/// `0`): the packed `run.sh` sets it on the machine with the hardware,
-/// where a skip would hide a test that never ran.
+/// Reports a test that cannot run here: writes `skipped: <reason>` to
+/// the process's stderr and returns, or panics when `CACHALOT_REQUIRE_GPU`
+/// is set (to anything but `0`): the packed `run.sh` sets it on the
+/// machine with the hardware, where a skip would hide a test that never ran.
+///
+/// The note is written to stderr directly, not with `println!`: libtest
+/// captures the `print!`/`eprint!` output of a passing test and never shows
+/// it, so a skipped test would look like any pass in `cargo test`'s output.
+/// A direct write is not captured: the note shows, one line per skip.
 pub fn skip(reason: impl std::fmt::Display) {
     if std::env::var("CACHALOT_REQUIRE_GPU").is_ok_and(|v| !v.is_empty() && v != "0") {
         panic!("CACHALOT_REQUIRE_GPU is set, and this test would skip: {reason}");
     }
-    println!("skipped: {reason}");
+    skip_note(&reason.to_string());
 }
 
-/// The repository root (where `traces/` lives).
+/// Writes `skipped: <reason>` as one line straight to stderr (see [`skip`]).
+pub fn skip_note(reason: &str) {
+    use std::io::Write;
+    // one write of the whole line, so that parallel tests do not mix lines
+    let _ = std::io::stderr().write_all(format!("skipped: {reason}\n").as_bytes());
+}
+
+/// Environment variable naming the folder that stands for the repository
+/// when the test binaries run away from it (`run.sh` of `cargo xtask
+/// test-cuda` sets it to the pack's `repo/`).
+pub const REPO_ROOT_ENV: &str = "CACHALOT_REPO_ROOT";
+
+/// The repository root, where the files the tests read live (`traces/`,
+/// `fuzz/seeds/`, `fuzz/regressions/`, `tests/tests/*.proptest-regressions`):
+/// `$CACHALOT_REPO_ROOT` when set, else the source tree this crate was
+/// built from.
 pub fn repo_root() -> PathBuf {
+    if let Some(root) = std::env::var_os(REPO_ROOT_ENV) {
+        return PathBuf::from(root);
+    }
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("tests/ has a parent")
         .to_path_buf()
+}
+
+/// The proptest regressions file of the integration test `name`
+/// (`tests/tests/<name>.proptest-regressions` under [`repo_root`]), for
+/// `FileFailurePersistence::Direct`: proptest's default finds the file next
+/// to the test's source file, which the packed binaries do not have.
+pub fn proptest_regressions(name: &str) -> &'static str {
+    let path = repo_root()
+        .join("tests")
+        .join("tests")
+        .join(format!("{name}.proptest-regressions"));
+    Box::leak(path.to_string_lossy().into_owned().into_boxed_str())
 }
 
 /// The folder of trace files: `$CACHALOT_TRACES` when set (packed test

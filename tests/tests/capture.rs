@@ -7,6 +7,7 @@
 use cachalot_conformance::capture::{Cap, Op, run_program};
 use cachalot_core::graph_pool_handle;
 use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
 
 /// An 8-float tensor (a 512-byte block), as PyTorch's tests use.
 const T: u64 = 32;
@@ -387,6 +388,9 @@ proptest! {
     // 256 cases (CI), or `PROPTEST_CASES` when set
     #![proptest_config(ProptestConfig {
         cases: cachalot_conformance::proptest_cases(256),
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
+            cachalot_conformance::proptest_regressions("capture"),
+        ))),
         ..ProptestConfig::default()
     })]
 

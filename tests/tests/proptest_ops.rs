@@ -35,6 +35,7 @@ use cachalot_core::engine::rounding::{allocation_size, round_size};
 use cachalot_core::{AllocatorConfig, Backend, CachingAllocator, Error};
 use cachalot_mock::{Completion, Failure, MockBackend, MockCall, MockConfig, MockStream};
 use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -434,7 +435,13 @@ fn cases() -> u32 {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: cases(),
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
+            cachalot_conformance::proptest_regressions("proptest_ops"),
+        ))),
+        ..ProptestConfig::default()
+    })]
     #[test]
     fn random_operations_keep_every_invariant(ops in proptest::collection::vec(op(), 1..200)) {
         run(ops, Completion::Manual)?;

@@ -12,7 +12,10 @@
 //!   `CACHALOT_REQUIRE_GPU=1` turns every "skipped: ..." into a failure.
 //!   It also packs the C ABI's cdylib (`cachalot-capi`, release, CUDA
 //!   compiled in) as `dist/cuda/lib/libcachalot_capi.so`, which the PyTorch
-//!   shim (`python/cachalot_torch/`, `python/run_gpu_suite.sh`) loads.
+//!   shim (`python/cachalot_torch/`, `python/run_gpu_suite.sh`) loads, the
+//!   traces (`traces/`) and every other file the tests read (fuzz seeds
+//!   and regressions, proptest's saved cases: `repo/`, under their paths
+//!   in the repository; see `PACKED_REPO_PATHS`).
 //! * `test-hip`, `test-level-zero`: the same for HIP (AMD, device node
 //!   `/dev/kfd`) and Level Zero (Intel, a `/dev/dri/renderD*` node), packing
 //!   into `dist/hip/` and `dist/level-zero/`. Without hardware the tests still
@@ -102,6 +105,21 @@ const PYTORCH_HARNESS: &[(&str, &str, bool)] = &[
         include_str!("../../bench/pytorch/torch_threads.cpp"),
         false,
     ),
+];
+
+/// What the packed test binaries read from the repository, besides the
+/// traces (packed as `traces/`, found through `$CACHALOT_TRACES`): copied
+/// into the pack's `repo/` under the same paths, which `run.sh` names in
+/// `$CACHALOT_REPO_ROOT` (`cachalot_conformance::repo_root`). A folder is
+/// copied whole; `dir/*.ext` copies the files of `dir` ending in `.ext`.
+/// The test `packed_tests_read_only_what_is_packed` checks the test sources
+/// against this list.
+const PACKED_REPO_PATHS: &[&str] = &[
+    // the committed fuzz inputs that `fuzz_regressions` replays
+    "fuzz/seeds",
+    "fuzz/regressions",
+    // proptest's saved failing cases, replayed first
+    "tests/tests/*.proptest-regressions",
 ];
 
 const RUN_SH: &str = include_str!("run.sh");
@@ -384,10 +402,11 @@ fn test_vendor(
     let dist = root().join("dist").join(vendor);
     let n = pack_tests(&pkgs, &selected, &dist, opts)?;
     let traces = pack_traces(&dist)?;
+    let files = pack_repo_files(&dist)?;
     write_script(&dist.join("run.sh"), RUN_SH)?;
     println!(
-        "xtask: packed {n} test binaries{} into {}",
-        if traces { " and traces/" } else { "" },
+        "xtask: packed {n} test binaries{}, the {files} files the tests read (repo/) into {}",
+        if traces { ", traces/" } else { "" },
         dist.display()
     );
     println!("xtask: on the {vendor} machine run: dist/{vendor}/run.sh");
@@ -437,18 +456,19 @@ fn test_cuda(opts: &Options) -> Res<bool> {
     let capi = pack_capi(&pkgs, &dist, opts)?;
     let ne = pack_cudarc_example(&pkgs, &dist, opts)?;
     let traces = pack_traces(&dist)?;
+    let files = pack_repo_files(&dist)?;
     write_script(&dist.join("run.sh"), RUN_SH)?;
     println!("xtask: packed {ne} cudarc example binaries into dist/cuda/cudarc");
     fs::write(dist.join("sanitizer-allow.txt"), SANITIZER_ALLOW)
         .map_err(|e| format!("writing sanitizer-allow.txt: {e}"))?;
     println!(
-        "xtask: packed {n} test binaries, {nb} bench binaries{}{} into {}",
+        "xtask: packed {n} test binaries, {nb} bench binaries{}{}, the {files} files the tests read (repo/) into {}",
         if capi {
             ", lib/libcachalot_capi.so"
         } else {
             ""
         },
-        if traces { " and traces/" } else { "" },
+        if traces { ", traces/" } else { "" },
         dist.display()
     );
     println!("xtask: on the GPU machine run: dist/cuda/run.sh (PyTorch: python/run_gpu_suite.sh)");
@@ -704,6 +724,63 @@ fn pack_traces(dist: &Path) -> Res<bool> {
     Ok(false)
 }
 
+/// Copies [`PACKED_REPO_PATHS`] into `dist/repo/` (emptied first), under
+/// the same relative paths; returns how many files. A path that matches
+/// nothing is an error: the tests would fail on the other machine.
+fn pack_repo_files(dist: &Path) -> Res<usize> {
+    let dst = dist.join("repo");
+    reset_dir(&dst)?;
+    let mut n = 0;
+    for rel in PACKED_REPO_PATHS {
+        let files = repo_files(&root(), rel)?;
+        if files.is_empty() {
+            return Err(format!("{rel}: no file to pack"));
+        }
+        for f in files {
+            let to = dst.join(&f);
+            if let Some(parent) = to.parent() {
+                fs::create_dir_all(parent)
+                    .map_err(|e| format!("creating {}: {e}", parent.display()))?;
+            }
+            copy_file(&root().join(&f), &to)?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// The files (paths relative to `repo`) that `pattern` of
+/// [`PACKED_REPO_PATHS`] names: every file under a folder, or the files of
+/// `dir` ending in `ext` for `dir/*ext`.
+fn repo_files(repo: &Path, pattern: &str) -> Res<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    if let Some((dir, suffix)) = pattern.split_once("/*") {
+        let entries = fs::read_dir(repo.join(dir)).map_err(|e| format!("reading {dir}: {e}"))?;
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if e.path().is_file() && name.ends_with(suffix) {
+                out.push(Path::new(dir).join(name));
+            }
+        }
+    } else {
+        let mut stack = vec![PathBuf::from(pattern)];
+        while let Some(rel) = stack.pop() {
+            let entries = fs::read_dir(repo.join(&rel))
+                .map_err(|e| format!("reading {}: {e}", rel.display()))?;
+            for e in entries.flatten() {
+                let child = rel.join(e.file_name());
+                if e.path().is_dir() {
+                    stack.push(child);
+                } else {
+                    out.push(child);
+                }
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
 fn bench_cuda(opts: &Options) -> Res<bool> {
     let pkgs = metadata()?;
     let dist = root().join("dist").join("cuda");
@@ -950,6 +1027,103 @@ mod tests {
                 assert!(text.contains("CUDACachingAllocator"), "{name}");
             }
         }
+    }
+
+    /// The `.rs` files under `dir` (recursively).
+    fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                rust_files(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+
+    /// The packed test binaries find every file they read through
+    /// `repo_root()` / `traces_dir()` of the conformance crate, and what
+    /// they read is packed: no other use of `CARGO_MANIFEST_DIR` (a path
+    /// of the build machine), every `repo_root().join("X")` under a path
+    /// of [`PACKED_REPO_PATHS`], every proptest block reading its saved
+    /// cases through `proptest_regressions` (proptest's default looks next
+    /// to the source file), and every packed path matching files.
+    #[test]
+    fn packed_tests_read_only_what_is_packed() {
+        let repo = root();
+        let mut dirs: Vec<PathBuf> = Vec::new();
+        let pkgs = metadata().expect("cargo metadata");
+        for list in [
+            CUDA_TEST_PACKAGES,
+            HIP_TEST_PACKAGES,
+            LEVEL_ZERO_TEST_PACKAGES,
+        ] {
+            for (name, _) in list {
+                let p = pkgs.iter().find(|p| p.name == *name).expect(name);
+                dirs.push(Path::new(&p.manifest).parent().unwrap().to_path_buf());
+            }
+        }
+        dirs.sort();
+        dirs.dedup();
+        let mut files = Vec::new();
+        for d in &dirs {
+            rust_files(&d.join("src"), &mut files);
+            rust_files(&d.join("tests"), &mut files);
+        }
+        assert!(files.len() > 20, "{files:?}");
+        let lib = repo.join("tests").join("src").join("lib.rs");
+        let mut joins = 0;
+        for f in &files {
+            let text = fs::read_to_string(f).unwrap();
+            let code: String = text
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("//"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            if *f != lib {
+                assert!(
+                    !code.contains("CARGO_MANIFEST_DIR"),
+                    "{}: reads a path of the build machine; use cachalot_conformance::repo_root()",
+                    f.display()
+                );
+            }
+            let mut rest = code.as_str();
+            while let Some(i) = rest.find("repo_root().join(\"") {
+                rest = &rest[i + 18..];
+                let arg = &rest[..rest.find('"').unwrap()];
+                joins += 1;
+                assert!(
+                    arg == "traces"
+                        || PACKED_REPO_PATHS.iter().any(|p| {
+                            *p == arg
+                                || p.starts_with(&format!("{arg}/"))
+                                || arg.starts_with(&format!("{p}/"))
+                        }),
+                    "{}: reads {arg}/, which `cargo xtask test-cuda` does not pack (PACKED_REPO_PATHS)",
+                    f.display()
+                );
+            }
+            if code.contains("proptest! {") {
+                let stem = f.file_stem().unwrap().to_string_lossy();
+                assert!(
+                    code.contains(&format!("proptest_regressions(\"{stem}\")")),
+                    "{}: the proptest block must read its saved cases through \
+                     cachalot_conformance::proptest_regressions(\"{stem}\")",
+                    f.display()
+                );
+            }
+        }
+        assert!(
+            joins >= 1,
+            "no repo_root().join(..) found: the scan is broken"
+        );
+        for rel in PACKED_REPO_PATHS {
+            let found = repo_files(&repo, rel).unwrap();
+            assert!(!found.is_empty(), "{rel}");
+        }
+        // every saved proptest file of the conformance tests is packed
+        let saved = repo_files(&repo, "tests/tests/*.proptest-regressions").unwrap();
+        assert!(saved.len() >= 2, "{saved:?}");
     }
 
     /// Every rule of the allow-list has run.sh's three fields, and names

@@ -25,6 +25,8 @@
 #      CACHALOT_SANITIZER_ALLOW=FILE another allow-list
 #      CACHALOT_SANITIZER_TIMEOUT=S  per binary under the sanitizer (default 1800)
 #      CACHALOT_TRACES               the trace folder (default ./traces)
+#      CACHALOT_REPO_ROOT            the files the tests read from the repository
+#                                    (default ./repo: fuzz inputs, proptest's saved cases)
 #
 # Logs go to logs/<binary>.log (normal run), logs/<binary>.sanitizer.log
 # (test output under the sanitizer) and logs/<binary>.memcheck.txt (the
@@ -32,6 +34,11 @@
 set -u
 cd "$(dirname "$0")" || exit 2
 export CACHALOT_TRACES="${CACHALOT_TRACES:-$PWD/traces}"
+export CACHALOT_REPO_ROOT="${CACHALOT_REPO_ROOT:-$PWD/repo}"
+if [ ! -d "$CACHALOT_REPO_ROOT/fuzz" ]; then
+  echo "run.sh: $CACHALOT_REPO_ROOT has no fuzz/: pack again with cargo xtask test-cuda"
+  exit 2
+fi
 export CACHALOT_REQUIRE_GPU="${CACHALOT_REQUIRE_GPU:-1}"
 require_gpu=0
 case $CACHALOT_REQUIRE_GPU in '' | 0) ;; *) require_gpu=1 ;; esac

@@ -25,7 +25,9 @@ fn serial() -> MutexGuard<'static, ()> {
 fn vmm_or_skip(test: &str) -> Option<(CudaBackend, u64)> {
     let b = backend_or_skip(test)?;
     if b.virtual_memory().is_none() {
-        println!("skipped: {test}: the device does not support virtual memory management");
+        common::skip(format_args!(
+            "{test}: the device does not support virtual memory management"
+        ));
         return None;
     }
     let g = b.granularity().expect("granularity");

@@ -13,15 +13,18 @@ use std::process::Command;
 
 use cachalot_hip_sys::*;
 
-/// Reports a test that cannot run here: prints `skipped: <reason>` and
-/// returns, or panics when `CACHALOT_REQUIRE_GPU` is set (to anything but
-/// `0`): the packed `run.sh` sets it on the machine with the hardware,
-/// where a skip would hide a test that never ran.
+/// Reports a test that cannot run here: writes `skipped: <reason>` to
+/// stderr and returns, or panics when `CACHALOT_REQUIRE_GPU` is set (to
+/// anything but `0`): the packed `run.sh` sets it on the machine with the
+/// hardware, where a skip would hide a test that never ran. The note is a
+/// direct write to stderr, which libtest does not capture (it captures
+/// `println!`), so `cargo test` shows it.
 fn skip(reason: impl std::fmt::Display) {
     if std::env::var("CACHALOT_REQUIRE_GPU").is_ok_and(|v| !v.is_empty() && v != "0") {
         panic!("CACHALOT_REQUIRE_GPU is set, and this test would skip: {reason}");
     }
-    println!("skipped: {reason}");
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(format!("skipped: {reason}\n").as_bytes());
 }
 
 const INCLUDE_DIRS: &[&str] = &["/opt/rocm/include", "/usr/include"];
@@ -442,7 +445,7 @@ fn printf_lines(exprs: &[(String, i64)]) -> String {
 #[test]
 fn virtual_memory_structs_match_header() {
     let Some(include) = header_dir() else {
-        println!("skipped: {HEADER} not found (install libamdhip64-dev)");
+        skip(format_args!("{HEADER} not found (install libamdhip64-dev)"));
         return;
     };
     let common = location_and_access_layouts();

@@ -41,7 +41,8 @@ fn run_python(script: &str, path: &PathBuf) -> String {
 #[test]
 fn values_round_trip_through_cpython() {
     if python().is_none() {
-        eprintln!("python3 not found: skipped");
+        // a direct write: libtest captures eprintln! of a passing test
+        std::io::Write::write_all(&mut std::io::stderr(), b"skipped: python3 not found\n").ok();
         return;
     }
     let many: Vec<Value> = (0..2500).map(Value::Int).collect();
@@ -117,7 +118,8 @@ print("ok")
 #[test]
 fn snapshot_pickle_has_pytorch_structure() {
     if python().is_none() {
-        eprintln!("python3 not found: skipped");
+        // a direct write: libtest captures eprintln! of a passing test
+        std::io::Write::write_all(&mut std::io::stderr(), b"skipped: python3 not found\n").ok();
         return;
     }
     let dev = DeviceAllocator::with_mock(
