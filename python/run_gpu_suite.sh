@@ -37,7 +37,7 @@ export PYTHONUNBUFFERED=1
 
 # 1. the shim
 t0=$(date +%s%N)
-if (cd python && "$PY" -m cachalot_torch) >"$OUT/build.log" 2>&1; then
+if (cd python && "$PY" -m cachalot_torch build) >"$OUT/build.log" 2>&1; then
   t1=$(date +%s%N)
   printf 'built in %d ms with %s (torch %s): %s\n' "$(( (t1 - t0) / 1000000 ))" \
     "$(${CXX:-g++} --version | head -1)" "$("$PY" -c 'import torch;print(torch.__version__)')" \

@@ -9,12 +9,19 @@ CUDA graphs (private and shared pools), `torch.cuda.MemPool`,
 `torch.compile(mode="reduce-overhead")`, `_record_memory_history` /
 `_snapshot`, and `torch.OutOfMemoryError` go through cachalot.
 
-`install()` loads libcachalot_capi.so (`cargo build --release -p
-cachalot-capi`; found as `_capi.find_library` says), builds the small C++
-shim `shim.cpp` against the installed torch on first use (plain g++, a few
-seconds, cached under ~/.cache/cachalot_torch/ by torch version and source
-hash; `python -m cachalot_torch` builds it ahead), and makes it the
-allocator. `install(mode="pluggable")` is the older path through
+Or, for an unchanged script, the launcher (like `python -m cProfile`):
+
+    python -m cachalot_torch run train.py ARGS
+    torchrun --nproc_per_node 8 -m cachalot_torch run train.py ARGS
+
+Needs torch 2.11.x (a CUDA build), a C++17 compiler (g++) and the CUDA
+runtime headers; each missing piece is one `SetupError` naming what to
+install. `install()` loads libcachalot_capi.so (shipped in the wheel under
+cachalot_torch/lib/; found as `_capi.find_library` says), builds the small
+C++ shim `shim.cpp` against the installed torch on first use (plain g++, a
+few seconds, cached under ~/.cache/cachalot_torch/ by torch version and
+source hash; `python -m cachalot_torch build` builds it ahead), and makes
+it the allocator. `install(mode="pluggable")` is the older path through
 `torch.cuda.memory.CUDAPluggableAllocator` (allocations and frees only; see
 docs/pytorch-pluggable.md).
 
@@ -30,7 +37,8 @@ import os
 import warnings
 
 from ._capi import CachalotError, find_library, load, memory_stats
-from . import _build, _capi
+from ._requirements import SUPPORTED_TORCH, SetupError
+from . import _build, _capi, _requirements
 
 __all__ = [
     "install",
@@ -49,6 +57,8 @@ __all__ = [
     "set_allocator_settings",
     "backend_name",
     "CachalotError",
+    "SetupError",
+    "SUPPORTED_TORCH",
 ]
 
 #: Environment variable choosing install()'s default mode ("shim" or "pluggable").
@@ -71,12 +81,20 @@ def install(config: str | None = None, mode: str | None = None, lib_path=None, v
     PyTorch's grammar plus cachalot's keys (e.g. "placement:pytorch");
     CACHALOT_ALLOC_CONF, then PYTORCH_CUDA_ALLOC_CONF, apply first. `mode`:
     "shim" (default; $CACHALOT_TORCH_MODE overrides the default) or
-    "pluggable". Installing again in the same mode is a no-op."""
+    "pluggable". Installing again in the same mode is a no-op.
+
+    Raises SetupError, naming what to install, when torch is missing, is
+    not a CUDA build or (shim mode) not a supported version
+    (SUPPORTED_TORCH: 2.11.x), or when the shim cannot be built (no C++
+    compiler, no CUDA runtime headers)."""
     global _mode, _shim, _pluggable
     mode = mode or os.environ.get(MODE_ENV) or "shim"
     if mode not in ("shim", "pluggable"):
         raise ValueError(f"mode must be 'shim' or 'pluggable', not {mode!r}")
-    import torch
+    torch = _requirements.torch_or_error()
+    # the shim needs torch 2.11's allocator interface; CUDAPluggableAllocator
+    # (pluggable mode) is stable across versions and only needs CUDA
+    _requirements.check_installed_torch(torch, check_version=mode == "shim")
 
     if config is not None and lib_path is None and str(config).endswith(".so"):
         # the old signature was install(lib_path, config=None)

@@ -3,7 +3,7 @@ g++, cached by torch version + source hash. The vtable of PyTorch's
 CUDAAllocator is not a stable ABI, so the shim is always built against the
 torch it runs with, never shipped prebuilt.
 
-    python -m cachalot_torch            # build (or find cached) and print the path
+    python -m cachalot_torch build      # build (or find cached) and print the path
 
 Cache: $CACHALOT_TORCH_CACHE, else $XDG_CACHE_HOME/cachalot_torch, else
 ~/.cache/cachalot_torch; one folder per torch version and git revision,
@@ -16,10 +16,12 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+
+from . import _capi, _requirements
+from ._requirements import NotFound, SetupError
 
 HERE = Path(__file__).resolve().parent
 SHIM_SOURCE = HERE / "shim.cpp"
@@ -33,19 +35,33 @@ def cache_root() -> Path:
     return Path(base) / "cachalot_torch"
 
 
-def find_header() -> Path:
-    """cachalot.h: $CACHALOT_INCLUDE, next to this package, or the repository's."""
-    cands = []
-    if os.environ.get("CACHALOT_INCLUDE"):
-        cands.append(Path(os.environ["CACHALOT_INCLUDE"]) / "cachalot.h")
-    cands += [
-        HERE / "include" / "cachalot.h",
-        HERE.parent.parent / "crates" / "cachalot-capi" / "include" / "cachalot.h",
-    ]
+def header_candidates(package_dir: Path = HERE, environ=os.environ) -> list[Path]:
+    """Where find_header looks: $CACHALOT_INCLUDE/cachalot.h alone when
+    set; else the header the wheel ships (`cachalot_torch/include/`), then
+    the repository's (crates/cachalot-capi/include/) in a clone."""
+    if environ.get("CACHALOT_INCLUDE"):
+        return [Path(environ["CACHALOT_INCLUDE"]) / "cachalot.h"]
+    cands = [package_dir / "include" / "cachalot.h"]
+    root = _capi.repo_root(package_dir)
+    if root is not None:
+        cands.append(root / "crates" / "cachalot-capi" / "include" / "cachalot.h")
+    return cands
+
+
+def find_header(package_dir: Path = HERE, environ=os.environ) -> Path:
+    """cachalot.h (see header_candidates); NotFound saying what fixes it."""
+    cands = header_candidates(package_dir, environ)
     for c in cands:
         if c.is_file():
             return c
-    raise FileNotFoundError(f"cachalot.h not found (looked at: {', '.join(map(str, cands))})")
+    looked = ", ".join(map(str, cands))
+    if environ.get("CACHALOT_INCLUDE"):
+        fix = "point $CACHALOT_INCLUDE at the folder holding cachalot.h, or unset it"
+    else:
+        fix = ("this copy of cachalot_torch has no bundled header: install the package, which ships "
+               "it (pip install cachalot_torch-*.whl, or pip install ./python from a clone), or set "
+               "CACHALOT_INCLUDE to a folder holding cachalot.h")
+    raise NotFound(f"cachalot.h not found (looked at: {looked}); {fix}")
 
 
 def _loaded_cudart() -> Path | None:
@@ -61,28 +77,47 @@ def _loaded_cudart() -> Path | None:
     return None
 
 
-def find_cuda(torch_dir: Path) -> tuple[Path, Path, str]:
+def cuda_headers_message(looked: list[Path], cuda_version: str | None) -> str:
+    """What to install when the CUDA runtime headers are missing
+    (`cuda_version`: torch.version.cuda, e.g. "13.0")."""
+    mm = ".".join((cuda_version or "").split(".")[:2])
+    major = mm.split(".")[0] if mm else ""
+    pins = (f"'nvidia-cuda-runtime=={mm}.*' 'nvidia-cuda-crt=={mm}.*'" if mm
+            else "nvidia-cuda-runtime nvidia-cuda-crt (the CUDA version of your torch)")
+    return (
+        "cachalot_torch builds its C++ shim against the CUDA runtime headers (cuda_runtime_api.h and "
+        f"crt/host_config.h), which were not found (looked at: {', '.join(map(str, looked))}). "
+        f"Install them: pip install {pins} (they land in site-packages/nvidia/cu{major or 'NN'}/include, "
+        "where this build looks), or install the CUDA toolkit"
+        f"{' ' + mm if mm else ''} and set CUDA_HOME to it"
+    )
+
+
+def find_cuda(torch_dir: Path, cuda_version: str | None = None) -> tuple[Path, Path, str]:
     """(include dir, cudart library dir, -l argument) for CUDA, preferring
-    the cudart torch uses."""
+    the cudart torch uses; NotFound naming what to install. `cuda_version`
+    (torch.version.cuda) picks the nvidia/cuNN wheel folder and the
+    advice."""
     site = torch_dir.parent
     inc_cands = []
     for env in ("CUDA_HOME", "CUDA_PATH"):
         if os.environ.get(env):
             inc_cands.append(Path(os.environ[env]) / "include")
+    major = (cuda_version or "").split(".")[0]
+    inc_cands += [Path("/usr/local/cuda/include")]
+    if major.isdigit():
+        inc_cands.append(site / "nvidia" / f"cu{major}" / "include")
     inc_cands += [
-        Path("/usr/local/cuda/include"),
         site / "nvidia" / "cu13" / "include",
         site / "nvidia" / "cuda_runtime" / "include",
     ]
+    inc_cands = list(dict.fromkeys(inc_cands))
     inc = next(
         (c for c in inc_cands if (c / "cuda_runtime_api.h").is_file() and (c / "crt" / "host_config.h").is_file()),
         None,
     )
     if inc is None:
-        raise FileNotFoundError(
-            "CUDA headers (cuda_runtime_api.h and crt/host_config.h) not found; set CUDA_HOME "
-            f"(looked at: {', '.join(map(str, inc_cands))})"
-        )
+        raise NotFound(cuda_headers_message(inc_cands, cuda_version))
     lib = _loaded_cudart()
     if lib is None:
         for d in [site / "nvidia" / "cu13" / "lib", site / "nvidia" / "cuda_runtime" / "lib",
@@ -92,21 +127,24 @@ def find_cuda(torch_dir: Path) -> tuple[Path, Path, str]:
                 lib = hits[0]
                 break
     if lib is None:
-        raise FileNotFoundError("libcudart not found; set CUDA_HOME")
+        raise NotFound(
+            "libcudart.so not found (torch has not loaded one, and none is in site-packages/nvidia or "
+            "$CUDA_HOME/lib64): install a CUDA build of torch, which brings it, or set CUDA_HOME"
+        )
     return inc, lib.parent, f"-l:{lib.name}"
 
 
 def build_command(capi_lib: str, out: str, torch_dir: Path | None = None,
                   cxx11_abi: bool | None = None) -> list[str]:
     """The g++ command line that builds the shim into `out`."""
-    if torch_dir is None or cxx11_abi is None:
-        import torch
+    import torch
 
-        torch_dir = torch_dir or Path(torch.__file__).resolve().parent
-        if cxx11_abi is None:
-            cxx11_abi = bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
-    cuda_inc, cudart_dir, cudart = find_cuda(torch_dir)
-    cxx = os.environ.get("CXX", "g++")
+    if torch_dir is None:
+        torch_dir = Path(torch.__file__).resolve().parent
+    if cxx11_abi is None:
+        cxx11_abi = bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
+    cuda_inc, cudart_dir, cudart = find_cuda(torch_dir, getattr(torch.version, "cuda", None))
+    cxx = os.environ.get("CXX") or "g++"
     tlib = torch_dir / "lib"
     return [
         cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-DNDEBUG",
@@ -124,8 +162,7 @@ def build_command(capi_lib: str, out: str, torch_dir: Path | None = None,
 def shim_path(capi_lib: str) -> tuple[Path, list[str]]:
     """Where the shim for this torch and library lives in the cache (built
     or not), and the command that builds it."""
-    import torch
-
+    torch = _requirements.torch_or_error()
     version = torch.__version__
     git = getattr(torch.version, "git_version", "unknown") or "unknown"
     cmd = build_command(capi_lib, "OUT")
@@ -140,7 +177,10 @@ def shim_path(capi_lib: str) -> tuple[Path, list[str]]:
 
 def build_shim(capi_lib: str, force: bool = False, verbose: bool = False) -> str:
     """The path of the shim built for the installed torch and `capi_lib`
-    (building it, under a file lock, unless cached)."""
+    (building it, under a file lock, unless cached). SetupError, naming
+    what to install, for an unsupported torch, a missing compiler or
+    missing CUDA headers."""
+    _requirements.check_installed_torch(_requirements.torch_or_error())
     path, cmd = shim_path(capi_lib)
     if path.is_file() and not force:
         return str(path)
@@ -152,14 +192,15 @@ def build_shim(capi_lib: str, force: bool = False, verbose: bool = False) -> str
         with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
             out = os.path.join(tmp, SHIM_NAME)
             cmd = [out if c == "OUT" else c for c in cmd]
-            if shutil.which(cmd[0]) is None:
-                raise RuntimeError(f"cachalot_torch: C++ compiler {cmd[0]!r} not found (set CXX)")
+            _requirements.find_compiler()
             if verbose:
                 print("cachalot_torch: building the shim:", " ".join(cmd), flush=True)
             p = subprocess.run(cmd, capture_output=True, text=True)
             if p.returncode != 0:
-                raise RuntimeError(
-                    f"cachalot_torch: building the shim failed (exit {p.returncode}):\n"
+                raise SetupError(
+                    f"cachalot_torch: building the shim failed (exit {p.returncode}). It is written "
+                    f"for torch {_requirements.supported_torch_text()} and needs a C++17 compiler "
+                    f"and the CUDA runtime headers of your torch's CUDA.\n"
                     f"{' '.join(cmd)}\n{p.stdout}{p.stderr}"
                 )
             os.replace(out, path)

@@ -8,6 +8,8 @@ import json
 import os
 from pathlib import Path
 
+from ._requirements import NotFound, SetupError
+
 LIB_NAME = "libcachalot_capi.so"
 #: Environment variable naming the library file.
 LIB_ENV = "CACHALOT_CAPI_LIB"
@@ -24,33 +26,85 @@ class CachalotError(RuntimeError):
         self.code = code
 
 
-def _candidates(lib_path) -> list[Path]:
-    here = Path(__file__).resolve().parent
-    repo = here.parent.parent
+#: The folder of this package; the wheel puts the library in lib/ and the
+#: header in include/ beside this file.
+HERE = Path(__file__).resolve().parent
+
+
+def repo_root(package_dir: Path = HERE) -> Path | None:
+    """The repository this package folder sits in (a clone's `python/`
+    folder), or None for an installed copy."""
+    root = package_dir.parent.parent
+    if (root / "Cargo.toml").is_file() and (root / "crates" / "cachalot-capi").is_dir():
+        return root
+    return None
+
+
+def library_candidates(lib_path=None, package_dir: Path = HERE, environ=os.environ) -> list[Path]:
+    """Where find_library looks, in order: `lib_path` alone when given;
+    else $CACHALOT_CAPI_LIB alone when set; else the library the wheel
+    ships (`cachalot_torch/lib/`), then, in a clone of the repository, a
+    developer build: $CARGO_TARGET_DIR/release (relative to the current
+    folder, as cargo reads it), the repository's target/release, the
+    `cargo xtask test-cuda` pack (dist/cuda/lib), $CARGO_TARGET_DIR/debug
+    and target/debug."""
     if lib_path is not None:
         return [Path(lib_path)]
-    if os.environ.get(LIB_ENV):
-        return [Path(os.environ[LIB_ENV])]
-    return [
-        here / LIB_NAME,
-        repo / "dist" / "cuda" / "lib" / LIB_NAME,
-        repo / "target" / "release" / LIB_NAME,
-        repo / "target" / "debug" / LIB_NAME,
-    ]
+    if environ.get(LIB_ENV):
+        return [Path(environ[LIB_ENV])]
+    cands = [package_dir / "lib" / LIB_NAME, package_dir / LIB_NAME]
+    root = repo_root(package_dir)
+    if root is None:
+        return cands
+    target_env = environ.get("CARGO_TARGET_DIR")
+    target = Path(target_env).resolve() if target_env else None
+    if target is not None:
+        cands.append(target / "release" / LIB_NAME)
+    cands += [root / "target" / "release" / LIB_NAME, root / "dist" / "cuda" / "lib" / LIB_NAME]
+    if target is not None:
+        cands.append(target / "debug" / LIB_NAME)
+    cands.append(root / "target" / "debug" / LIB_NAME)
+    return list(dict.fromkeys(cands))
 
 
-def find_library(lib_path: str | os.PathLike | None = None) -> str:
-    """The absolute path of libcachalot_capi.so: `lib_path`, else
-    $CACHALOT_CAPI_LIB, else next to this package, else the repository's
-    dist/cuda/lib, target/release or target/debug."""
-    cands = _candidates(lib_path)
+def not_found_message(cands: list[Path], lib_path=None, package_dir: Path = HERE,
+                      environ=os.environ) -> str:
+    """Why the library was not found and what fixes it."""
+    looked = ", ".join(map(str, cands))
+    if lib_path is not None:
+        return f"{LIB_NAME} not found at {lib_path} (the lib_path given)"
+    if environ.get(LIB_ENV):
+        return (f"{LIB_NAME} not found at {environ[LIB_ENV]} (${LIB_ENV}); unset {LIB_ENV} to use "
+                "the library installed with the package")
+    root = repo_root(package_dir)
+    if root is None:
+        return (
+            f"{LIB_NAME} not found (looked at: {looked}): this copy of cachalot_torch has no bundled "
+            "library. Install the package, which ships it: pip install cachalot_torch-*.whl, or "
+            "pip install ./python from a clone of the repository (needs Rust); or set "
+            f"{LIB_ENV}=/path/to/{LIB_NAME}"
+        )
+    target = environ.get("CARGO_TARGET_DIR")
+    where = (f"$CARGO_TARGET_DIR/release ({Path(target).resolve() / 'release'})" if target
+             else str(root / "target" / "release"))
+    return (
+        f"{LIB_NAME} not found (looked at: {looked}). Build it: cargo build --release -p cachalot-capi "
+        f"--manifest-path {root / 'Cargo.toml'} (cargo puts it in {where}, where this lookup "
+        f"finds it); or install the package: pip install {root / 'python'}; or set "
+        f"{LIB_ENV}=/path/to/{LIB_NAME}"
+    )
+
+
+def find_library(lib_path: str | os.PathLike | None = None, package_dir: Path = HERE,
+                 environ=os.environ) -> str:
+    """The absolute path of libcachalot_capi.so: the first of
+    library_candidates that exists; NotFound (a SetupError and a
+    FileNotFoundError), saying what fixes it, when there is none."""
+    cands = library_candidates(lib_path, package_dir, environ)
     for c in cands:
         if c.is_file():
             return str(c.resolve())
-    raise FileNotFoundError(
-        f"{LIB_NAME} not found (looked at: {', '.join(map(str, cands))}); "
-        "build it with `cargo build --release -p cachalot-capi`"
-    )
+    raise NotFound(not_found_message(cands, lib_path, package_dir, environ))
 
 
 def load(lib_path: str | os.PathLike | None = None) -> ctypes.CDLL:
@@ -61,7 +115,16 @@ def load(lib_path: str | os.PathLike | None = None) -> ctypes.CDLL:
             raise RuntimeError(f"cachalot is already loaded from {_lib_path}")
         return _lib
     path = find_library(lib_path)
-    lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    try:
+        lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    except OSError as e:
+        if "GLIBC" in str(e):
+            raise SetupError(
+                f"{path} was built for a newer C library than this machine's ({e}). Build the "
+                "package here instead, against this machine's glibc: pip install ./python from a "
+                "clone of the repository (needs Rust)"
+            ) from e
+        raise
     c_int, c_char_p, c_void_p = ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p
     sigs = {
         "cachalot_init": (c_int, [c_char_p]),

@@ -10,7 +10,9 @@ runs its own suite under `backend:cudaMallocAsync`):
 PyTorch's placement (segment sizes, reuse order) expect cachalot's parity
 configuration: the runner sets CACHALOT_ALLOC_CONF=placement:pytorch.
 CACHALOT_TEST_RESULTS names a JSON file where tests record values (model
-outputs) that the runner compares across the two processes.
+outputs) that the runner compares across the two processes;
+CACHALOT_TEST_WHERE a file that gets `describe()` (where cachalot_torch
+and its library were loaded from).
 """
 
 from __future__ import annotations
@@ -36,13 +38,29 @@ def setup(allocator: str | None = None) -> str:
     import torch
 
     if allocator == "cachalot":
-        sys.path.insert(0, str(HERE.parent))
+        # this clone's package; a copy of the suite outside the clone
+        # imports the installed one (scripts/device/wheel.sh)
+        if (HERE.parent / "cachalot_torch").is_dir():
+            sys.path.insert(0, str(HERE.parent))
         import cachalot_torch
 
         cachalot_torch.install()
         assert torch.cuda.memory.get_allocator_backend() == "cachalot"
     ALLOCATOR = allocator
+    if os.environ.get("CACHALOT_TEST_WHERE"):
+        Path(os.environ["CACHALOT_TEST_WHERE"]).write_text(describe() + "\n")
     return allocator
+
+
+def describe() -> str:
+    """The allocator under test, and for cachalot where its package and
+    library were loaded from."""
+    if ALLOCATOR != "cachalot":
+        return f"allocator: {ALLOCATOR}"
+    import cachalot_torch
+
+    return (f"allocator: cachalot (package {Path(cachalot_torch.__file__).parent}, "
+            f"library {cachalot_torch._capi.loaded_path()})")
 
 
 def is_cachalot() -> bool:

@@ -23,7 +23,7 @@ def pytest_configure(config):
 def pytest_report_header(config):
     import torch
 
-    return f"allocator: {_setup.ALLOCATOR} (torch {torch.__version__}, backend {torch.cuda.memory.get_allocator_backend()})"
+    return f"{_setup.describe()} (torch {torch.__version__}, backend {torch.cuda.memory.get_allocator_backend()})"
 
 
 @pytest.fixture

@@ -106,6 +106,7 @@ def main() -> int:
     import _setup
 
     _setup.setup(args.allocator)
+    print(_setup.describe(), flush=True)
     import torch
 
     results = []
