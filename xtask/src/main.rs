@@ -1126,6 +1126,37 @@ mod tests {
         assert!(saved.len() >= 2, "{saved:?}");
     }
 
+    /// The pack's `repo/` holds the listed files under their repository
+    /// paths, byte for byte: the engine seeds fuzz_regressions replays and
+    /// proptest's saved cases among them.
+    #[test]
+    fn pack_repo_files_copies_the_listed_files() {
+        let dist = std::env::temp_dir().join(format!("cachalot-xtask-pack-{}", std::process::id()));
+        let n = pack_repo_files(&dist).unwrap();
+        let mut want = Vec::new();
+        for rel in PACKED_REPO_PATHS {
+            want.extend(repo_files(&root(), rel).unwrap());
+        }
+        assert_eq!(n, want.len());
+        for rel in &want {
+            let packed = fs::read(dist.join("repo").join(rel)).unwrap();
+            assert_eq!(
+                packed,
+                fs::read(root().join(rel)).unwrap(),
+                "{}",
+                rel.display()
+            );
+        }
+        for must in [
+            "fuzz/seeds/engine",
+            "fuzz/regressions/engine",
+            "tests/tests/capture.proptest-regressions",
+        ] {
+            assert!(dist.join("repo").join(must).exists(), "{must}");
+        }
+        fs::remove_dir_all(&dist).unwrap();
+    }
+
     /// Every rule of the allow-list has run.sh's three fields, and names
     /// a CUDA error.
     #[test]
