@@ -18,10 +18,17 @@
 # libraries' own folders, for libcublasLt and libnvrtc-builtins).
 #
 #   scripts/device/cudarc_example.sh [mlp-train args...]   e.g. --steps 60
+#   RUNS=3 OLD_MLP=dist/exp/old/mlp-train scripts/device/cudarc_example.sh \
+#     --ways cudarc,cudarc-retain,cachalot,cachalot-expandable
 #
 # env: CUDARC_DIST   the packed folder (default dist/cuda)
-#      OUT           logs and the JSON line go there when set
-# Prints the result table last; exits non-zero when anything failed.
+#      RUNS          runs of the workload (default 1), each a process
+#      OLD_MLP       another build of mlp-train (e.g. `cargo build --release
+#                    -p mlp-train` of an older commit, stripped): run after
+#                    the packed one in odd runs, before it in even ones
+#      OUT           logs and the JSON lines go there when set
+# Prints the result table last (with RUNS or OLD_MLP, one line per run and
+# way); exits non-zero when anything failed.
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 dist=${CUDARC_DIST:-$root/dist/cuda}
@@ -98,6 +105,20 @@ done
 wrc=$?
 grep '^{' "$out/mlp-train.log" | tail -1 >"$out/mlp-train.json"
 [ "$wrc" -ne 0 ] && bad=1
+runs=${RUNS:-1}
+old=${OLD_MLP:-}
+if [ -n "$old" ] && [ ! -x "$old" ]; then echo "cudarc_example.sh: OLD_MLP=$old is not executable"; old=""; bad=1; fi
+one() { # BUILD-NAME BINARY RUN
+  "$2" "${@:4}" >"$out/mlp-train-$1-$3.log" 2>&1 || bad=1
+}
+if [ "$runs" -gt 1 ] || [ -n "$old" ]; then
+  cp "$out/mlp-train.log" "$out/mlp-train-new-1.log"
+  for r in $(seq 1 "$runs"); do
+    if [ -n "$old" ] && [ $((r % 2)) = 0 ]; then one old "$old" "$r" "$@"; fi
+    [ "$r" = 1 ] || one new "$dist/cudarc/bin/mlp-train" "$r" "$@"
+    if [ -n "$old" ] && [ $((r % 2)) = 1 ]; then one old "$old" "$r" "$@"; fi
+  done
+fi
 
 echo
 echo "== tests =="
@@ -111,4 +132,13 @@ else
   tail -n 15 "$out/mlp-train.log"
 fi
 echo "json: $(cat "$out/mlp-train.json")"
+if [ -f "$out/mlp-train-new-1.log" ]; then
+  echo
+  echo "== every run: build-run way median_ms alloc_us/step peak_MiB(drv) cachalot_peak =="
+  for f in "$out"/mlp-train-*-*.log; do
+    n=$(basename "$f" .log)
+    awk -v n="${n#mlp-train-}" '/^way / {t = 1; next} /^peak_MiB by rows/ {t = 0}
+      t && $2 ~ /^[0-9.]+$/ {print n, $1, $2, $5, $7, $8, $9}' "$f"
+  done
+fi
 exit $bad

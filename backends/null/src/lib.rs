@@ -113,7 +113,7 @@ impl Backend for NullBackend {
     type Ptr = u64;
     /// No graph capture: the engine rejects capture-id pool filters.
     type Capture = NoCapture;
-    /// No virtual memory (the engine does not use it yet).
+    /// No virtual memory: the engine uses fixed segments on this backend.
     type VirtualMemory = NoVirtualMemory;
 
     /// Named in errors, OOM reports and statistics.

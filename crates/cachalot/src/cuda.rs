@@ -56,20 +56,17 @@ mod tests {
             .collect()
     }
 
-    /// The README's cudarc example is this module's compiled doc test:
-    /// every code line of it appears there.
+    /// The cudarc example of docs/rust.md is this module's compiled doc
+    /// test: every code line of it appears there.
     #[test]
     fn readme_example_is_the_compiled_doc_test() {
-        let readme = code_after(
-            include_str!("../../../README.md"),
-            "## Use it from Rust (cudarc)",
-        );
+        let readme = code_after(include_str!("../../../docs/rust.md"), "## cudarc programs");
         let doc = code_after(include_str!("cuda.rs"), "//! * [`CudaAllocator`]");
         assert!(readme.len() >= 9, "{readme:?}");
         for line in &readme {
             assert!(
                 doc.contains(line),
-                "README line not in the doc test: {line}\n{doc:?}"
+                "docs/rust.md line not in the doc test: {line}\n{doc:?}"
             );
         }
     }

@@ -1,5 +1,6 @@
-//! The README's "Using it" snippet is this file's `using_it` body: one test
-//! runs it, the other checks that the README shows exactly that code.
+//! The README's "Use it from Rust" program is this file's `using_it` body
+//! inside a `main`: one test runs it, the other checks that the README
+//! shows exactly that program.
 
 use std::error::Error;
 
@@ -36,25 +37,25 @@ fn readme_snippet_runs() {
     assert_eq!(cachalot::memory::memory_allocated(None).unwrap(), 0);
 }
 
-/// The code between the markers above, dedented by one level.
+/// The code between the markers above, as the body of a `main` that
+/// returns `Result`: a program a reader can copy.
 fn snippet_of_this_file() -> String {
     let me = include_str!("readme.rs");
     let begin =
         me.find("    // README begin\n").expect("begin marker") + "    // README begin\n".len();
     let end = me.find("    // README end\n").expect("end marker");
-    me[begin..end]
-        .lines()
-        .map(|l| l.strip_prefix("    ").unwrap_or(l))
-        .map(|l| format!("{l}\n"))
-        .collect()
+    format!(
+        "fn main() -> Result<(), Box<dyn std::error::Error>> {{\n{}    Ok(())\n}}\n",
+        &me[begin..end]
+    )
 }
 
-/// The first ```rust block of the README's "## Using it" section.
+/// The first ```rust block of the README's "## Use it from Rust" section.
 fn snippet_of_readme() -> String {
     let readme = include_str!("../../../README.md");
     let section = &readme[readme
-        .find("\n## Using it\n")
-        .expect("a \"## Using it\" section")..];
+        .find("\n## Use it from Rust\n")
+        .expect("a \"## Use it from Rust\" section")..];
     let start = section.find("```rust\n").expect("a rust block") + "```rust\n".len();
     let len = section[start..].find("```\n").expect("the block's end");
     section[start..start + len].to_string()
@@ -66,7 +67,7 @@ fn readme_shows_this_snippet() {
     assert!(ours.contains("cachalot::new_stream"), "{ours}");
     assert_eq!(
         readme, ours,
-        "README.md's \"Using it\" block differs from crates/cachalot/tests/readme.rs"
+        "README.md's \"Use it from Rust\" block differs from crates/cachalot/tests/readme.rs"
     );
 }
 
@@ -79,8 +80,19 @@ fn markdown_links_resolve() {
     for doc in [
         "README.md",
         "BENCHMARKS.md",
+        "PORTING.md",
         "traces/README.md",
         "bench/pytorch/README.md",
+        "docs/capture-results.md",
+        "docs/configuration.md",
+        "docs/design-expandable.md",
+        "docs/design-shards.md",
+        "docs/experiments.md",
+        "docs/glossary.md",
+        "docs/pytorch-pluggable.md",
+        "docs/pytorch-shim.md",
+        "docs/reliability.md",
+        "docs/rust.md",
     ] {
         let path = root.join(doc);
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{doc}: {e}"));

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The threads benchmark on the GPU machine: T threads, each allocating and
+# freeing on its own stream (`cachalot threads`), against PyTorch's C++
+# CUDACachingAllocator on the same operations (bench/pytorch/torch_threads.cpp),
+# alternated in rounds in one call. From the repository root, after `cargo
+# xtask bench-cuda` packed dist/cuda here.
+#
+#   scripts/device/threads.sh
+#   WAYS="new= old=@dist/exp/old/cachalot" ROUNDS=4 scripts/device/threads.sh
+#
+# env: WAYS          cachalot's ways, NAME=CONFIG[@CLI] as in replay.sh
+#                    (default: "default= fixed=expandable_segments:False")
+#      THREADS_LIST  thread counts (default 1,2,4,8,16)
+#      OPS           operations per thread (default: the command's, 200,000)
+#      ROUNDS        rounds (default 3)
+#      TORCH=0       leaves PyTorch's harness out
+#      DIST, OUT     as in replay.sh; the log is $OUT/threads.txt
+# Prints last the median (min-max) Mops/s per way and thread count, each
+# way's throughput over its own one thread and over PyTorch's.
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; L=$OUT/threads.txt; : >"$L"
+D=${DIST:-dist/cuda}
+WAYS=${WAYS:-default= fixed=expandable_segments:False}
+T=${THREADS_LIST:-1,2,4,8,16}
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+echo "cores: $(nproc), clocksource: $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>/dev/null)"
+if [ "${TORCH:-1}" = 1 ]; then
+  (cd "$D" && pytorch/build.sh build >"$OUT/torch-build.txt" 2>&1) || echo "threads.sh: the PyTorch harness failed to build"
+fi
+for r in $(seq 1 "${ROUNDS:-3}"); do
+  for spec in $WAYS; do
+    name=${spec%%=*} rest=${spec#*=} cli=$D/bin/cachalot
+    case $rest in *@*) cli=${rest#*@}; rest=${rest%%@*} ;; esac
+    envv=ENV_${name//-/_}
+    echo "== $name r$r" >>"$L"
+    env ${!envv:-} timeout 300 "$cli" threads --backend "${BACKEND:-cuda}" --threads "$T" ${OPS:+--ops $OPS} \
+      ${rest:+--config "$rest"} >>"$L" 2>&1
+  done
+  if [ "${TORCH:-1}" = 1 ]; then
+    echo "== torch r$r" >>"$L"; timeout 300 "$D/build/torch_threads" --mode=default >>"$L" 2>&1
+  fi
+done
+python3 - "$L" $WAYS <<'P' | tee "$OUT/threads-table.txt"
+import json, sys, statistics as st, collections
+rows = collections.defaultdict(lambda: collections.defaultdict(list)); cur = None
+for line in open(sys.argv[1]):
+    if line.startswith("=="): cur = line.split()[1]; continue
+    if line.startswith("{"):
+        j = json.loads(line); rows[cur][j["threads"]].append(j.get("mops_per_s", j.get("mops")))
+ts = sorted({t for v in rows.values() for t in v})
+print("Mops/s, median (min-max) over rounds")
+print("%-12s" % "way" + "".join("%20s" % t for t in ts))
+names = [w.split("=")[0] for w in sys.argv[2:]]
+for v in ["torch"] + names:
+    if not rows[v]: continue
+    print("%-12s" % v + "".join("%20s" % ("%.2f (%.2f-%.2f)" % (st.median(rows[v][t]), min(rows[v][t]), max(rows[v][t])) if rows[v][t] else "-") for t in ts))
+for v in names:
+    if not rows[v][1]: continue
+    one = st.median(rows[v][1])
+    line = "%-12s x its 1 thread: " % v + " ".join("%d:%.2f" % (t, st.median(rows[v][t]) / one) for t in ts if rows[v][t])
+    if rows["torch"]:
+        line += " | x PyTorch: " + " ".join("%d:%.1f" % (t, st.median(rows[v][t]) / st.median(rows["torch"][t])) for t in ts if rows[v][t] and rows["torch"][t])
+    print(line)
+P
