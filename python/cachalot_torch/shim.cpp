@@ -8,7 +8,7 @@
 //
 // Typed errors a user sees:
 //   out of memory                    -> torch.OutOfMemoryError (cachalot's report)
-//   IPC, MemPool with its own allocator, use_on_oom,
+//   MemPool with its own allocator, use_on_oom,
 //   no_split, caching_allocator_enable(False), trace trackers
 //                                    -> NotImplementedError ("cachalot does not support ...")
 //   anything else cachalot refuses   -> RuntimeError ("cachalot: <call>: <message>")
@@ -129,6 +129,53 @@ CCA::CheckpointDelta restore_pool(c10::DeviceIndex device,
     out.dataptrs_allocd.emplace_back(p, p, deleter, c10::Device(c10::DeviceType::CUDA, device));
   }
   return out;
+}
+
+// ----- CUDA IPC (torch.multiprocessing) -----
+// PyTorch 2.11's wire format, written and read by cachalot
+// (crates/cachalot-capi/src/ipc.rs), so that the other process may run
+// either allocator.
+CCA::ShareableHandle share_ipc(void* ptr) {
+  std::string h(256, '\0');
+  size_t len = 0;
+  uint64_t offset = 0;
+  auto share = [&] {
+    return cachalot_ipc_share(ptr, -1, reinterpret_cast<uint8_t*>(h.data()), h.size(), &len,
+                              &offset);
+  };
+  int rc = share();
+  if (rc == CACHALOT_ERR_INVALID_ARGUMENT && len > h.size()) {
+    h.resize(len);
+    rc = share();
+  }
+  CACHALOT_CHECK(rc);
+  h.resize(len);
+  return {static_cast<ptrdiff_t>(offset), std::move(h)};
+}
+
+// The mapping of another process's handle, shared by every storage made
+// from it; the last owner unmaps it (cachalot counts the users of each
+// handle in this process, as CUDA opens a handle once per process).
+std::shared_ptr<void> open_ipc(c10::DeviceIndex device, const std::string& handle) {
+  void* p = nullptr;
+  CACHALOT_CHECK(cachalot_ipc_open(device, reinterpret_cast<const uint8_t*>(handle.data()),
+                                   handle.size(), &p));
+  return std::shared_ptr<void>(p, [device](void* q) {
+    if (cachalot_ipc_close(device, q) != CACHALOT_OK) {
+      std::fprintf(stderr, "cachalot: %s\n", last_error().c_str());  // a deleter cannot throw
+    }
+  });
+}
+
+// PyTorch's FreeCudaMemoryCallbacksRegistry ("cuda_ipc_collect": blocks
+// another process held, freed once it let go), run before an out of memory
+// is final, as PyTorch's allocator does; true when one freed something.
+bool run_free_memory_callbacks() {
+  bool freed = false;
+  for (const auto& name : c10::FreeCudaMemoryCallbacksRegistry()->Keys()) {
+    freed |= c10::FreeCudaMemoryCallbacksRegistry()->Create(name)->Execute();
+  }
+  return freed;
 }
 
 class CachalotAllocator final : public CCA::CUDAAllocator {
@@ -295,11 +342,9 @@ class CachalotAllocator final : public CCA::CUDAAllocator {
     CACHALOT_CHECK(cachalot_pool_check_live(device, id.first, id.second, v.data(), v.size(), &ok));
     return ok != 0;
   }
-  CCA::ShareableHandle shareIpcHandle(void*) override {
-    CACHALOT_UNSUPPORTED("CUDA IPC (sharing CUDA tensors between processes)");
-  }
-  std::shared_ptr<void> getIpcDevPtr(std::string) override {
-    CACHALOT_UNSUPPORTED("CUDA IPC (sharing CUDA tensors between processes)");
+  CCA::ShareableHandle shareIpcHandle(void* ptr) override { return share_ipc(ptr); }
+  std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
+    return open_ipc(current_device(), handle);
   }
   bool isHistoryEnabled() override {
     int on = 0;
@@ -366,11 +411,12 @@ class CachalotAllocator final : public CCA::CUDAAllocator {
         }
       }
     }
-    if (ctx) {
-      rc = cachalot_alloc_in_pool(size, device, raw(stream), pool.first, pool.second, &p);
-    } else {
-      rc = cachalot_alloc(size, device, raw(stream), &p);
-    }
+    auto attempt = [&] {
+      return ctx ? cachalot_alloc_in_pool(size, device, raw(stream), pool.first, pool.second, &p)
+                 : cachalot_alloc(size, device, raw(stream), &p);
+    };
+    rc = attempt();
+    if (rc == CACHALOT_ERR_OUT_OF_MEMORY && run_free_memory_callbacks()) rc = attempt();
     if (rc == CACHALOT_OK) return p;
     std::string msg = last_error();
     if (rc == CACHALOT_ERR_OUT_OF_MEMORY || rc == CACHALOT_ERR_NEVER_FITS) {

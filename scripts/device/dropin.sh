@@ -2,8 +2,9 @@
 # The PyTorch drop-in on the GPU machine, from the repository root: the
 # shim built against the machine's torch, the repository's suite
 # (python/tests) against native PyTorch and cachalot in one run, and
-# PyTorch's own allocator tests (dist/pt_tests/, see
-# ../shared/pytorch-tests/README.md) when present.
+# PyTorch's own allocator tests when present: dist/pt_tests/ with
+# PyTorch's test/test_cuda.py and the runner run_with_allocator.py (one
+# test per process, either allocator, JSON results).
 #
 # Before (on the build machine, no GPU needed):
 #   cargo build --release -p cachalot-capi
@@ -17,7 +18,9 @@
 #   CONFIGS   cachalot configurations, space-separated; "default" = none
 #             (default "default placement:pytorch")
 #   LIB       libcachalot_capi.so (default carry/libcachalot_capi.so)
-#   TESTS     pytest -k expression for the suite (default: all)
+#   TESTS     -k for the suite (default: all): a pytest expression, e.g.
+#             "cudagraph_trees or ipc"; a substring when pytest is missing
+#   SUITE_TIMEOUT  seconds per suite run (default 400)
 #   PT_K      -k filter for PyTorch's tests, e.g. "BlockStateAbsorption" (default: all 80)
 #   PT_GPUS   --gpus of the runner (default 0,0,0,0: four at a time on one GPU)
 #   OUT       logs and JSON (a temp folder when unset)
@@ -75,11 +78,11 @@ for part in $PARTS; do
       [ -n "${TESTS:-}" ] && k=(-k "$TESTS")
       if [ $RUNNER = pytest ]; then
         CACHALOT_ALLOC_CONF=$conf CACHALOT_TEST_JSON=$OUT/suite-$n.json CACHALOT_TEST_RESULTS=$OUT/suite-results-$n.json \
-          timeout 280 "$PY" -m pytest python/tests -q -p no:cacheprovider --allocator $a "${k[@]}" \
+          timeout ${SUITE_TIMEOUT:-400} "$PY" -m pytest python/tests -q -p no:cacheprovider --allocator $a "${k[@]}" \
           >"$OUT/suite-$n.log" 2>&1
       else
         CACHALOT_ALLOC_CONF=$conf CACHALOT_TEST_JSON=$OUT/suite-$n.json CACHALOT_TEST_RESULTS=$OUT/suite-results-$n.json \
-          timeout 280 "$PY" python/tests/minirun.py --allocator $a "${k[@]}" --json "$OUT/suite-$n.json" \
+          timeout ${SUITE_TIMEOUT:-400} "$PY" python/tests/minirun.py --allocator $a "${k[@]}" --json "$OUT/suite-$n.json" \
           >"$OUT/suite-$n.log" 2>&1
       fi
       echo "   exit $?: $(tail -1 "$OUT/suite-$n.log")"

@@ -83,6 +83,7 @@ use cudarc::driver::sys;
 
 mod driver;
 pub mod interop;
+mod ipc;
 
 pub use cudarc;
 pub use interop::{CudaAllocator, Slice, StreamUses, View, ViewMut};
@@ -228,10 +229,13 @@ impl fmt::Debug for CudaStream {
 /// [`VirtualMemory::release_physical`], so a handle is released at most once
 /// (releasing an invalid handle is undefined behaviour in CUDA). Dropping one
 /// without releasing it leaks the memory, as with [`CudaEvent`].
-#[derive(Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, PartialEq, Eq)]
 pub struct CudaPhysical {
     handle: sys::CUmemGenericAllocationHandle,
     size: u64,
+    /// The POSIX file descriptor another process imports it with, exported
+    /// at the first share and closed when the memory is released.
+    fd: std::sync::OnceLock<std::ffi::c_int>,
 }
 
 impl CudaPhysical {
@@ -374,6 +378,10 @@ struct Context {
     /// The minimum VMM granularity, `None` without virtual memory.
     vmm_granularity: Option<u64>,
     name: String,
+    /// Interprocess sharing (`ipc.rs`): the driver has the calls, and
+    /// physical memory is still created exportable (cleared when the
+    /// device refuses an exportable allocation).
+    ipc: ipc::IpcState,
     /// The caller's context when opened with [`CudaBackend::from_cudarc`]:
     /// held so that it outlives the backend, and not released on drop.
     borrowed: Option<Arc<cudarc::driver::CudaContext>>,
@@ -498,6 +506,7 @@ impl CudaBackend {
             capture,
             vmm_granularity: None,
             name,
+            ipc: ipc::IpcState::default(),
             borrowed: None,
         }))
     }
@@ -534,6 +543,7 @@ impl CudaBackend {
             capture,
             vmm_granularity: None,
             name,
+            ipc: ipc::IpcState::default(),
             borrowed: Some(Arc::clone(ctx)),
         }))
     }
@@ -542,6 +552,7 @@ impl CudaBackend {
         if let Ok(_b) = ctx.bind("cuMemGetAllocationGranularity") {
             ctx.vmm_granularity = probe_vmm(ctx.dev);
         }
+        ctx.ipc.probe();
         Self {
             ctx: Arc::new(ctx),
             default_stream: CudaStream::LEGACY,
@@ -857,6 +868,10 @@ impl Backend for CudaBackend {
     fn virtual_memory(&self) -> Option<&Self> {
         self.ctx.vmm_granularity.is_some().then_some(self)
     }
+
+    fn ipc(&self) -> Option<&dyn cachalot_core::IpcMemory> {
+        self.ctx.ipc.available().then_some(self)
+    }
 }
 
 /// Virtual memory through the driver's `cuMem*` calls (see the [crate
@@ -896,12 +911,18 @@ impl VirtualMemory for CudaBackend {
         let Ok(bytes) = usize::try_from(size) else {
             return Err(DeviceAllocError::OutOfMemory);
         };
-        let prop = driver::device_allocation_prop(self.ctx.dev);
-        let handle = self.vmm_alloc("cuMemCreate", || driver::mem_create(bytes, &prop))?;
-        Ok(CudaPhysical { handle, size })
+        let handle = self.create_shareable(bytes)?;
+        Ok(CudaPhysical {
+            handle,
+            size,
+            fd: std::sync::OnceLock::new(),
+        })
     }
 
     fn release_physical(&self, physical: CudaPhysical) -> Result<(), BackendError> {
+        if let Some(&fd) = physical.fd.get() {
+            driver::close_fd(fd);
+        }
         self.vmm_call("cuMemRelease", || driver::mem_release(physical.handle))?
             .map_err(to_backend("cuMemRelease"))
     }
@@ -944,6 +965,10 @@ impl VirtualMemory for CudaBackend {
         };
         self.vmm_call("cuMemSetAccess", || driver::mem_set_access(addr, size, dev))?
             .map_err(to_backend("cuMemSetAccess"))
+    }
+
+    fn export_physical(&self, physical: &CudaPhysical) -> Result<Option<i32>, BackendError> {
+        self.export_fd(physical)
     }
 }
 

@@ -467,6 +467,7 @@ impl State {
             }
             Some(_) => {}
         }
+        crate::ipc::forget("free", self.instance, (false, addr))?;
         self.segments.remove(&addr);
         self.live -= size;
         self.space.release(addr, size);
@@ -575,6 +576,7 @@ impl State {
             ));
         }
         let size = ph.size;
+        crate::ipc::forget(CALL, self.instance, (true, p.id))?;
         self.vmm.physical.remove(&p.id);
         self.vmm.physical_bytes -= size;
         Ok(())
@@ -2423,6 +2425,10 @@ impl Backend for MockBackend {
     fn virtual_memory(&self) -> Option<&Self> {
         self.virtual_memory.then_some(self)
     }
+
+    fn ipc(&self) -> Option<&dyn cachalot_core::IpcMemory> {
+        Some(self)
+    }
 }
 
 /// Simulated virtual memory; see the [crate documentation](crate) for the
@@ -2465,6 +2471,28 @@ impl VirtualMemory for MockBackend {
 
     fn set_access(&self, addr: u64, size: u64, device: DeviceIndex) -> Result<(), BackendError> {
         self.call(MockCall::SetAccess, |st| st.set_access(addr, size, device))
+    }
+
+    fn export_physical(&self, physical: &MockPhysical) -> Result<Option<i32>, BackendError> {
+        let (instance, size) = {
+            let st = self.inner.lock();
+            st.vmm_enabled("export_physical")?;
+            let ph = st.vmm.phys("export_physical", st.instance, physical)?;
+            (st.instance, ph.size)
+        };
+        crate::ipc::export_physical(instance, physical.id, size).map(Some)
+    }
+}
+
+impl MockBackend {
+    /// The device's instance number (unique in the process).
+    pub(crate) fn instance(&self) -> u64 {
+        self.inner.lock().instance
+    }
+
+    /// The size of the segment `malloc` returned at `base`, if live.
+    pub(crate) fn segment_size(&self, base: u64) -> Option<u64> {
+        self.inner.lock().segments.get(&base).copied()
     }
 }
 

@@ -139,6 +139,7 @@ mod backend;
 mod config;
 mod data;
 mod graph;
+mod ipc;
 mod shadow;
 mod space;
 mod types;

@@ -484,6 +484,9 @@ pub mod codes {
     pub const INVALID_DEVICE_POINTER: i64 = 17;
     /// `set_access` for a device other than the mock's (`cudaErrorInvalidDevice`).
     pub const INVALID_DEVICE: i64 = 101;
+    /// An interprocess handle of this very process (CUDA's
+    /// `CUDA_ERROR_INVALID_CONTEXT` for `cuIpcOpenMemHandle`).
+    pub const INVALID_CONTEXT: i64 = 201;
     /// `map` over pages already mapped (`cudaErrorAlreadyMapped`).
     pub const ALREADY_MAPPED: i64 = 208;
     /// `unmap`, `set_access` or `read_tags` over pages not mapped

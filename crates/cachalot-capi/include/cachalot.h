@@ -263,6 +263,22 @@ int cachalot_pool_restore(int device, const cachalot_checkpoint_t *c,
                           cachalot_checkpoint_delta_t **out);
 void cachalot_checkpoint_delta_free(cachalot_checkpoint_delta_t *d);
 
+/* ----- CUDA IPC (torch.multiprocessing; PyTorch 2.11's wire format) ----- */
+
+/* Writes the shareable handle of the live allocation at ptr (on device_hint
+ * first, then on every device in use) to buf and its length to *len, the
+ * allocation's offset in what it maps to *offset. buf too short:
+ * CACHALOT_ERR_INVALID_ARGUMENT with the length needed in *len. Unknown
+ * pointer: CACHALOT_ERR_INVALID_POINTER ("invalid device pointer"). */
+int cachalot_ipc_share(const void *ptr, int device_hint, uint8_t *buf, size_t buf_len,
+                       size_t *len, uint64_t *offset);
+/* Opens another process's handle (either allocator's) on device: *out :=
+ * the address of the segment or first page it maps. A handle already open
+ * here: the same address, one more user. */
+int cachalot_ipc_open(int device, const uint8_t *handle, size_t handle_len, void **out);
+/* One user less of what cachalot_ipc_open opened at ptr; the last unmaps. */
+int cachalot_ipc_close(int device, const void *ptr);
+
 #ifdef __cplusplus
 }
 #endif

@@ -68,6 +68,7 @@ pub mod checkpoint;
 pub mod drop_in;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzz;
+pub mod ipc;
 
 /// Success.
 pub const CACHALOT_OK: c_int = 0;

@@ -176,6 +176,42 @@ pub trait Backend: Send + Sync + 'static {
     fn virtual_memory(&self) -> Option<&Self::VirtualMemory> {
         None
     }
+
+    /// Sharing device memory with other processes ([`IpcMemory`]), or
+    /// `None` when this device cannot (the default).
+    fn ipc(&self) -> Option<&dyn IpcMemory> {
+        None
+    }
+}
+
+/// Bytes of a segment's interprocess handle (CUDA's `cudaIpcMemHandle_t`).
+pub const IPC_HANDLE_BYTES: usize = 64;
+
+/// Sharing device memory between processes (CUDA IPC): the handle of a
+/// segment that [`Backend::malloc`] made, and, in the process that
+/// receives it, the mapping of such a segment or of another process's
+/// physical pages (exported with [`VirtualMemory::export_physical`]).
+/// Optional: [`Backend::ipc`].
+pub trait IpcMemory: Send + Sync {
+    /// The interprocess handle of the segment [`Backend::malloc`] returned
+    /// at `base` (CUDA's `cuIpcGetMemHandle`).
+    fn segment_handle(&self, base: u64) -> Result<[u8; IPC_HANDLE_BYTES], BackendError>;
+
+    /// Opens another process's segment handle in this process (CUDA's
+    /// `cuIpcOpenMemHandle`); returns where it is mapped. A handle is
+    /// opened once per process (the caller keeps count).
+    fn open_segment(&self, handle: &[u8; IPC_HANDLE_BYTES]) -> Result<u64, BackendError>;
+
+    /// Unmaps a segment [`Self::open_segment`] opened.
+    fn close_segment(&self, addr: u64) -> Result<(), BackendError>;
+
+    /// Maps, contiguously, the physical pages of `page` bytes each that
+    /// process `pid` exported as the shareable handles `handles` (POSIX
+    /// file descriptors of that process); returns the mapping's start.
+    fn open_pages(&self, pid: i32, page: u64, handles: &[i32]) -> Result<u64, BackendError>;
+
+    /// Unmaps and releases a mapping [`Self::open_pages`] made.
+    fn close_pages(&self, addr: u64) -> Result<(), BackendError>;
 }
 
 /// The node type of a backend's capture graphs.
@@ -338,6 +374,15 @@ pub trait VirtualMemory: Send + Sync {
     fn unmap(&self, addr: u64, size: u64) -> Result<(), BackendError>;
     /// Makes `[addr, addr + size)` readable and writable from `device`.
     fn set_access(&self, addr: u64, size: u64, device: DeviceIndex) -> Result<(), BackendError>;
+
+    /// A handle another process can map `physical` with (a POSIX file
+    /// descriptor of this process, owned by `physical` and valid until it
+    /// is released), for [`IpcMemory::open_pages`]; `Ok(None)` when this
+    /// memory cannot be shared (the default).
+    fn export_physical(&self, physical: &Self::Physical) -> Result<Option<i32>, BackendError> {
+        let _ = physical;
+        Ok(None)
+    }
 }
 
 /// The virtual-memory type of backends without it: it has no values, so

@@ -20,7 +20,8 @@ pub mod stats;
 
 pub use backend::{
     Backend, CaptureInfo, CaptureQuery, CaptureStatus, DependencyUpdate, DeviceIndex,
-    DevicePointer, GraphCapture, MemoryInfo, NoCapture, NoVirtualMemory, NodeOf, VirtualMemory,
+    DevicePointer, GraphCapture, IPC_HANDLE_BYTES, IpcMemory, MemoryInfo, NoCapture,
+    NoVirtualMemory, NodeOf, VirtualMemory,
 };
 pub use config::{AllocatorConfig, CaptureReuse};
 pub use error::{

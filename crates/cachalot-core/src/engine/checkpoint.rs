@@ -2,7 +2,8 @@
 //! (blocks, sizes, which are allocated) saved, and restored later, as
 //! cudagraph trees use PyTorch's `getCheckpointState` /
 //! `setCheckpointPoolState` when the path through a tree of CUDA graphs
-//! diverges (`shared/spec/pytorch-drop-in-gaps.md` §3).
+//! diverges (PyTorch's `torch/_inductor/cudagraph_trees.py` and
+//! `setSegmentStateToCheckpoint` in `CUDACachingAllocator.cpp`).
 //!
 //! A restore frees every block of the pool allocated now (reported in
 //! [`CheckpointDelta::freed`]) and allocates again, at the same addresses

@@ -21,6 +21,7 @@ mod expandable;
 mod free_set;
 pub mod history;
 mod invariants;
+mod ipc;
 mod locks;
 mod placement;
 mod pools;
@@ -51,6 +52,7 @@ pub use checkpoint::{
     CheckpointBlock, CheckpointDelta, CheckpointSegment, CheckpointState, PoolCheckpoint,
 };
 pub use history::{HistoryConfig, TraceAction, TraceEntry};
+pub use ipc::SharedMemory;
 use locks::{Padded, ShardLock};
 pub use pools::PoolId;
 use shard::{SHARDS, Shard};
