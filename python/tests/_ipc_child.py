@@ -67,13 +67,18 @@ def producer(allocator, conf, tensors, to_producer, to_consumer, out):
         out.put(("producer", "ok"))
     except BaseException as e:  # reported to the conductor
         out.put(("producer", f"{type(e).__name__}: {e}"))
+        tensors.put(None)  # (if nothing was sent yet)
         to_consumer.put("abort")
 
 
 def consumer(allocator, tensors, to_producer, to_consumer, out):
     try:
         _install(allocator, "")
-        t, view = tensors.get(timeout=TIMEOUT)
+        item = tensors.get(timeout=TIMEOUT)
+        if item is None:
+            out.put(("consumer", "nothing received: the producer failed"))
+            return
+        t, view = item
         assert t.is_cuda and view.is_cuda
         assert view.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
         want = torch.arange(N, dtype=torch.float32, device="cuda")
