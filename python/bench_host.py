@@ -7,7 +7,14 @@ rotates each repetition), --reps repetitions each; the table gives the
 median and the spread (min..max) of ns per alloc+free pair over processes,
 and the shim's and the pluggable path's difference to native.
 
+A mode may carry a memory-history setting after a colon: `native:python`
+and `shim:python` run with `_record_memory_history(stacks="python",
+max_entries=100000)` on (every allocation and free gathers its Python
+stack, as PyTorch's default `context="all"` does); each is compared with
+native under the same setting.
+
     python3 python/bench_host.py [--reps 5] [--modes native,shim,pluggable] [--json out.json]
+    python3 python/bench_host.py --modes native,shim,native:python,shim:python
 
 Child (what the driver starts): `--child MODE` prints `RESULT {json}`.
 Nothing synchronizes inside the loops: this is host time per pair, the
@@ -31,9 +38,17 @@ CASES = ("512B", "1MiB", "64MiB", "mixed")
 SIZES = {"512B": 512, "1MiB": 1 << 20, "64MiB": 64 << 20}
 
 
+HISTORY = {"python": dict(stacks="python", max_entries=100_000),
+           "all": dict(stacks="all", max_entries=100_000)}
+
+
 def child(mode: str, iters: int) -> dict:
     import torch
 
+    full_mode = mode
+    mode, _, history = mode.partition(":")
+    if history and history not in HISTORY:
+        raise SystemExit(f"unknown history setting {history!r} ({', '.join(HISTORY)})")
     if mode != "native":
         sys.path.insert(0, str(HERE))
         import cachalot_torch
@@ -41,7 +56,9 @@ def child(mode: str, iters: int) -> dict:
         cachalot_torch.install(mode=mode)
     dev = torch.device("cuda", 0)
     torch.empty(1, device=dev)
-    out = {"mode": mode, "backend": torch.cuda.memory.get_allocator_backend()}
+    if history:
+        torch.cuda.memory._record_memory_history(**HISTORY[history])
+    out = {"mode": full_mode, "backend": torch.cuda.memory.get_allocator_backend()}
     for case in CASES:
         if case == "mixed":
             rng = random.Random(5)
@@ -69,6 +86,13 @@ def child(mode: str, iters: int) -> dict:
         if case == "mixed":
             del live
         torch.cuda.synchronize()
+    if history:
+        # the history really recorded (a stack on the last allocation)
+        trace = torch.cuda.memory._snapshot()["device_traces"][0]
+        allocs = [e for e in trace if e["action"] == "alloc"]
+        out["history_entries"] = len(trace)
+        out["history_frames"] = bool(allocs and allocs[-1].get("frames"))
+        torch.cuda.memory._record_memory_history(None)
     return out
 
 
@@ -101,16 +125,27 @@ def main() -> int:
             runs[m].append(run_child(m, args.iters))
         print(f"bench_host: repetition {rep + 1}/{args.reps} done", flush=True)
     med = {m: {c: statistics.median(r[c] for r in runs[m]) for c in CASES} for m in modes}
+    def base(m: str) -> str:
+        # native under the same history setting
+        _, _, h = m.partition(":")
+        return f"native:{h}" if h else "native"
+
+    compared = [m for m in modes if base(m) != m]
     print(f"\n| case | " + " | ".join(f"{m} ns/pair median (min..max)" for m in modes)
-          + " | " + " | ".join(f"{m} - native" for m in modes if m != "native") + " |")
-    print("|---|" + "---|" * (len(modes) + len([m for m in modes if m != "native"])))
+          + " | " + " | ".join(f"{m} - {base(m)}" for m in compared) + " |")
+    print("|---|" + "---|" * (len(modes) + len(compared)))
     for c in CASES:
         cells = []
         for m in modes:
             vals = [r[c] for r in runs[m]]
             cells.append(f"{med[m][c]:.0f} ({min(vals):.0f}..{max(vals):.0f})")
-        diffs = [f"{med[m][c] - med['native'][c]:+.0f} ns" for m in modes if m != "native" and "native" in med]
+        diffs = [f"{med[m][c] - med[base(m)][c]:+.0f} ns" if base(m) in med else "n/a"
+                 for m in modes if base(m) != m]
         print(f"| {c} | " + " | ".join(cells) + " | " + " | ".join(diffs) + " |")
+    for m in modes:
+        if ":" in m:
+            ok = all(r.get("history_frames") for r in runs[m])
+            print(f"{m}: history recorded with frames in every process: {'yes' if ok else 'NO'}")
     if args.json:
         Path(args.json).write_text(json.dumps(runs, indent=1))
     return 0

@@ -12,9 +12,21 @@
 //   no_split, caching_allocator_enable(False), trace trackers
 //                                    -> NotImplementedError ("cachalot does not support ...")
 //   anything else cachalot refuses   -> RuntimeError ("cachalot: <call>: <message>")
+//
+// Memory history (namespace hist): PyTorch's recordHistory hands over a
+// recorder (CapturedTraceback::gather); as PyTorch's own allocator, the shim
+// calls it outside every lock (allocation: level state and above; free and
+// empty_cache: level all) and passes the result to cachalot as an opaque
+// context (cachalot_context_enter/exit) that cachalot keeps with blocks,
+// segments and trace entries. snapshot() hands the very shared_ptrs back,
+// and PyTorch's own snapshot code symbolizes them into frames. With the
+// history off the only cost is one relaxed atomic load per allocation and
+// free. The profiler's memory events (namespace profile): reported on each
+// allocation and free while the thread's profiler records memory.
 
 #include <c10/core/Allocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/util/ApproximateClock.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -26,7 +38,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,8 +68,120 @@ std::string last_error() {
   TORCH_CHECK_NOT_IMPLEMENTED(false, "cachalot does not support ", what,  \
                               " (see docs/pytorch-shim.md)")
 
+// ----- memory history: contexts -----
+namespace hist {
+
+// PyTorch's RecordContext while the history is on and a recorder was given
+// (0: gather nothing), and the recorder.
+std::atomic<int> level{0};
+std::atomic<CCA::CreateContextFn> recorder{nullptr};
+
+constexpr int kState = static_cast<int>(CCA::RecordContext::STATE);
+constexpr int kAll = static_cast<int>(CCA::RecordContext::ALL);
+
+using Ctx = std::shared_ptr<c10::GatheredContext>;
+
+void release(void* data) { delete static_cast<Ctx*>(data); }
+
+// The context PyTorch gathered, from a `data` pointer of a snapshot.
+Ctx from_data(void* data) { return data ? *static_cast<const Ctx*>(data) : Ctx(); }
+
+// Gathers a context when the level asks for it at `need` and makes it the
+// thread's context for cachalot's calls until the scope ends. Runs the
+// recorder before any cachalot call: no allocator lock is held (the
+// recorder takes the GIL).
+class Scope {
+ public:
+  explicit Scope(int need) {
+    if (level.load(std::memory_order_relaxed) < need) return;
+    CCA::CreateContextFn fn = recorder.load(std::memory_order_relaxed);
+    if (!fn) return;
+    Ctx ctx = fn();
+    if (!ctx) return;
+    // (cachalot owns it from here, also when the call fails)
+    entered_ = cachalot_context_enter({new Ctx(std::move(ctx)), &release}) == CACHALOT_OK;
+  }
+  ~Scope() {
+    if (entered_) cachalot_context_exit();
+  }
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+
+ private:
+  bool entered_ = false;
+};
+
+}  // namespace hist
+
+// ----- the profiler's memory events -----
+namespace profile {
+
+c10::Device cuda(int device) {
+  return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device));
+}
+
+// After an allocation of `p`: +block size, with the device's totals.
+void report_alloc(void* p) {
+  int device = 0;
+  uint64_t size = 0, allocated = 0, reserved = 0;
+  if (!p || cachalot_block_lookup(p, &device, &size) != CACHALOT_OK) return;
+  if (cachalot_memory_totals(device, &allocated, &reserved) != CACHALOT_OK) return;
+  c10::reportMemoryUsageToProfiler(p, static_cast<int64_t>(size), allocated, reserved, cuda(device));
+}
+
+// A free of `p` (the block size read before), reported after it.
+struct Free {
+  explicit Free(void* p) : p_(p) {
+    live_ = p && cachalot_block_lookup(p, &device_, &size_) == CACHALOT_OK;
+  }
+  void report() const {
+    uint64_t allocated = 0, reserved = 0;
+    if (!live_ || cachalot_memory_totals(device_, &allocated, &reserved) != CACHALOT_OK) return;
+    c10::reportMemoryUsageToProfiler(p_, -static_cast<int64_t>(size_), allocated, reserved,
+                                     cuda(device_));
+  }
+
+ private:
+  void* p_;
+  bool live_ = false;
+  int device_ = 0;
+  uint64_t size_ = 0;
+};
+
+void report_oom(c10::DeviceIndex device, size_t size) {
+  if (!c10::memoryProfilingEnabled()) return;
+  uint64_t allocated = 0, reserved = 0;
+  if (cachalot_memory_totals(device, &allocated, &reserved) != CACHALOT_OK) return;
+  c10::reportOutOfMemoryToProfiler(static_cast<int64_t>(size), allocated, reserved, cuda(device));
+}
+
+}  // namespace profile
+
+// A free with the history gathering frees' contexts or the profiler on.
+int delete_observed(void* ptr) {
+  const bool profiling = c10::memoryProfilingEnabled();
+  std::optional<profile::Free> ev;
+  if (profiling) ev.emplace(ptr);
+  int rc;
+  {
+    hist::Scope scope(hist::kAll);
+    rc = cachalot_raw_delete(ptr, -1);
+  }
+  if (rc == CACHALOT_OK && ev) ev->report();
+  return rc;
+}
+
+// Every free: the deleter of every tensor and raw_delete.
+inline int delete_entry(void* ptr) {
+  if (C10_UNLIKELY(hist::level.load(std::memory_order_relaxed) >= hist::kAll ||
+                   c10::memoryProfilingEnabled())) {
+    return delete_observed(ptr);
+  }
+  return cachalot_raw_delete(ptr, -1);
+}
+
 void delete_fn(void* ptr) {
-  int rc = cachalot_raw_delete(ptr, -1);
+  int rc = delete_entry(ptr);
   if (rc != CACHALOT_OK) {
     // a deleter cannot throw
     std::fprintf(stderr, "cachalot: %s\n", last_error().c_str());
@@ -188,7 +314,7 @@ class CachalotAllocator final : public CCA::CUDAAllocator {
     C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
     void* p = nullptr;
     if (size != 0) {
-      p = alloc_on(size, device, c10::cuda::getCurrentCUDAStream(device).stream());
+      p = alloc_entry(size, device, c10::cuda::getCurrentCUDAStream(device).stream());
     }
     return {p, p, &delete_fn, c10::Device(c10::DeviceType::CUDA, device)};
   }
@@ -202,7 +328,10 @@ class CachalotAllocator final : public CCA::CUDAAllocator {
   void emptyCache(c10::MempoolId_t id) override {
     // a private pool's free segments go when its last use is released
     // (releasePool); (0,0) empties every device, as PyTorch does
-    if (id.first == 0 && id.second == 0) CACHALOT_CHECK(cachalot_empty_cache(-1));
+    if (id.first == 0 && id.second == 0) {
+      hist::Scope scope(hist::kAll);  // (segment_free entries carry it)
+      CACHALOT_CHECK(cachalot_empty_cache(-1));
+    }
   }
   DeviceStats getDeviceStats(c10::DeviceIndex device) override {
     cachalot_device_stats_t s;
@@ -244,15 +373,15 @@ class CachalotAllocator final : public CCA::CUDAAllocator {
     if (nbytes == 0) return nullptr;
     c10::DeviceIndex device = 0;
     C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
-    return alloc_on(nbytes, device, c10::cuda::getCurrentCUDAStream(device).stream());
+    return alloc_entry(nbytes, device, c10::cuda::getCurrentCUDAStream(device).stream());
   }
   void* raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override {
     if (nbytes == 0) return nullptr;
     c10::DeviceIndex device = 0;
     C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
-    return alloc_on(nbytes, device, stream);
+    return alloc_entry(nbytes, device, stream);
   }
-  void raw_delete(void* ptr) override { CACHALOT_CHECK(cachalot_raw_delete(ptr, -1)); }
+  void raw_delete(void* ptr) override { CACHALOT_CHECK(delete_entry(ptr)); }
   void init(int /*device_count*/) override { initialized_.store(true); }
   double getMemoryFraction(c10::DeviceIndex device) override {
     double f = 1.0;
@@ -351,11 +480,14 @@ class CachalotAllocator final : public CCA::CUDAAllocator {
     CACHALOT_CHECK(cachalot_history_enabled(current_device(), &on));
     return on != 0;
   }
-  void recordHistory(bool enabled, CCA::CreateContextFn, size_t max_entries,
-                     CCA::RecordContext, bool clear, const std::vector<std::string>&) override {
-    // stack frames are not recorded (context_recorder is not called)
-    CACHALOT_CHECK(cachalot_record_history(current_device(), enabled ? 1 : 0, max_entries, clear ? 1 : 0));
-  }
+  void recordHistory(bool enabled, CCA::CreateContextFn context_recorder, size_t max_entries,
+                     CCA::RecordContext when, bool clear,
+                     const std::vector<std::string>& skip_actions) override;
+  void recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) override;
+  void pushCompileContext(std::string& md) override;
+  void popCompileContext() override;
+  void setUserMetadata(const std::string& metadata) override;
+  std::string getUserMetadata() override;
   void attachOutOfMemoryObserver(CCA::OutOfMemoryObserver observer) override {
     std::lock_guard<std::mutex> g(obs_mu_);
     observers_.push_back(std::move(observer));
@@ -420,6 +552,7 @@ class CachalotAllocator final : public CCA::CUDAAllocator {
     if (rc == CACHALOT_OK) return p;
     std::string msg = last_error();
     if (rc == CACHALOT_ERR_OUT_OF_MEMORY || rc == CACHALOT_ERR_NEVER_FITS) {
+      profile::report_oom(device, size);
       notify_oom(device, size);
       // drop the "cachalot_alloc: " prefix: the report follows
       auto colon = msg.find(": ");
@@ -427,6 +560,20 @@ class CachalotAllocator final : public CCA::CUDAAllocator {
       TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory (cachalot). ", msg);
     }
     TORCH_CHECK(false, "cachalot: ", msg, " (code ", rc, ")");
+  }
+
+  // Every allocation: with the history gathering, under a context scope;
+  // the profiler's event after it.
+  void* alloc_entry(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
+    void* p;
+    if (C10_UNLIKELY(hist::level.load(std::memory_order_relaxed) != 0)) {
+      hist::Scope scope(hist::kState);
+      p = alloc_on(size, device, stream);
+    } else {
+      p = alloc_on(size, device, stream);
+    }
+    if (C10_UNLIKELY(c10::memoryProfilingEnabled())) profile::report_alloc(p);
+    return p;
   }
 
   void notify_oom(c10::DeviceIndex device, size_t size) {
@@ -453,18 +600,22 @@ class CachalotAllocator final : public CCA::CUDAAllocator {
 };
 
 CCA::SnapshotInfo CachalotAllocator::snapshot(c10::MempoolId_t id, bool include_traces) {
+  using c10::CachingDeviceAllocator::AnnotationEntry;
   using c10::CachingDeviceAllocator::BlockInfo;
   using c10::CachingDeviceAllocator::SegmentInfo;
   using c10::CachingDeviceAllocator::TraceEntry;
   CCA::SnapshotInfo out;
   int n = cachalot_device_count();
   TORCH_CHECK(n >= 0, "cachalot: ", last_error());
-  out.device_traces.resize(n);
+  // one list per device with traces; none without (as PyTorch)
+  if (include_traces) out.device_traces.resize(n);
   bool have_config = false;
   for (int d = 0; d < n; ++d) {
     cachalot_snapshot_t* s = nullptr;
     CACHALOT_CHECK(cachalot_snapshot(d, id.first, id.second, include_traces ? 1 : 0, &s));
     if (!s) continue;  // device not in use
+    // released on every path (the context pointers are valid until then)
+    std::unique_ptr<cachalot_snapshot_t, void (*)(cachalot_snapshot_t*)> own(s, &cachalot_snapshot_free);
     for (size_t i = 0; i < s->num_segments; ++i) {
       const cachalot_segment_t& g = s->segments[i];
       SegmentInfo seg;
@@ -478,6 +629,7 @@ CCA::SnapshotInfo CachalotAllocator::snapshot(c10::MempoolId_t id, bool include_
       seg.is_large = g.is_small == 0;
       seg.is_expandable = g.is_expandable != 0;
       seg.owner_private_pool_id = {g.pool_hi, g.pool_lo};
+      seg.context_when_allocated = hist::from_data(g.context);
       for (uint64_t b = g.first_block; b < g.first_block + g.num_blocks && b < s->num_blocks; ++b) {
         const cachalot_block_t& k = s->blocks[b];
         BlockInfo bi;
@@ -485,16 +637,29 @@ CCA::SnapshotInfo CachalotAllocator::snapshot(c10::MempoolId_t id, bool include_
         bi.requested_size = k.requested_size;
         bi.allocated = k.state == 0;
         bi.active = k.state != 2;
+        bi.context_when_allocated = hist::from_data(k.context);
         seg.blocks.push_back(std::move(bi));
       }
       out.segments.push_back(std::move(seg));
     }
-    for (size_t i = 0; i < s->num_traces; ++i) {
-      const cachalot_trace_t& t = s->traces[i];
-      TraceEntry te(static_cast<TraceEntry::Action>(t.action), static_cast<c10::DeviceIndex>(d),
-                    t.addr, t.size, reinterpret_cast<void*>(t.stream), {0, 0}, 0);
-      te.time_.t_ = static_cast<time_t>(t.time_us);
-      out.device_traces[d].push_back(std::move(te));
+    if (include_traces) {
+      for (size_t i = 0; i < s->num_traces; ++i) {
+        const cachalot_trace_t& t = s->traces[i];
+        TraceEntry te(static_cast<TraceEntry::Action>(t.action), static_cast<c10::DeviceIndex>(d),
+                      t.addr, t.size, reinterpret_cast<void*>(t.stream), {0, 0}, 0,
+                      hist::from_data(t.context),
+                      t.compile_context ? t.compile_context : "N/A",
+                      t.user_metadata ? t.user_metadata : "");
+        te.time_.t_ = static_cast<c10::time_t>(t.time_us);
+        out.device_traces[d].push_back(std::move(te));
+      }
+      for (size_t i = 0; i < s->num_annotations; ++i) {
+        const cachalot_annotation_t& a = s->annotations[i];
+        AnnotationEntry ae(static_cast<c10::DeviceIndex>(a.device), 0);
+        for (size_t j = 0; j < a.num_pairs; ++j) ae.recordUserMetadata(a.keys[j], a.values[j]);
+        ae.time_.t_ = static_cast<c10::time_t>(a.time_us);
+        out.external_annotations.push_back(std::move(ae));
+      }
     }
     if (!have_config) {
       auto& c = out.config_metadata;
@@ -510,10 +675,52 @@ CCA::SnapshotInfo CachalotAllocator::snapshot(c10::MempoolId_t id, bool include_
                                         s->roundup_power2_divisions + 16);
       have_config = true;
     }
-    cachalot_snapshot_free(s);
   }
   return out;
 }
+
+// ----- memory history (torch.cuda.memory._record_memory_history) -----
+
+void CachalotAllocator::recordHistory(bool enabled, CCA::CreateContextFn context_recorder,
+                                      size_t max_entries, CCA::RecordContext when, bool clear,
+                                      const std::vector<std::string>& skip_actions) {
+  TORCH_CHECK(when == CCA::RecordContext::NEVER || context_recorder,
+              "cachalot: recordHistory: a context recorder is needed to record contexts");
+  std::vector<const char*> names;
+  names.reserve(skip_actions.size());
+  for (const auto& a : skip_actions) names.push_back(a.c_str());
+  const int level = enabled ? static_cast<int>(when) : 0;
+  // every device, as PyTorch (cachalot checks the names first: an unknown
+  // action changes nothing)
+  CACHALOT_CHECK(cachalot_history_configure(-1, enabled ? 1 : 0, max_entries, level, clear ? 1 : 0,
+                                            names.data(), names.size()));
+  hist::recorder.store(enabled ? context_recorder : nullptr, std::memory_order_relaxed);
+  hist::level.store(enabled && context_recorder ? level : 0, std::memory_order_relaxed);
+}
+
+void CachalotAllocator::recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) {
+  std::vector<const char*> keys, values;
+  keys.reserve(md.size());
+  values.reserve(md.size());
+  for (const auto& kv : md) {
+    keys.push_back(kv.first.c_str());
+    values.push_back(kv.second.c_str());
+  }
+  CACHALOT_CHECK(cachalot_history_record_annotation(current_device(), keys.data(), values.data(),
+                                                    md.size()));
+}
+
+void CachalotAllocator::pushCompileContext(std::string& md) {
+  CACHALOT_CHECK(cachalot_history_push_compile_context(md.c_str()));
+}
+
+void CachalotAllocator::popCompileContext() { cachalot_history_pop_compile_context(); }
+
+void CachalotAllocator::setUserMetadata(const std::string& metadata) {
+  CACHALOT_CHECK(cachalot_history_set_user_metadata(metadata.c_str()));
+}
+
+std::string CachalotAllocator::getUserMetadata() { return cachalot_history_user_metadata(); }
 
 CachalotAllocator* g_allocator = nullptr;  // never destroyed: tensors may outlive static destructors
 

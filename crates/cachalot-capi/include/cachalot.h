@@ -190,15 +190,57 @@ int cachalot_pool_use_count(int device, uint64_t pool_hi, uint64_t pool_lo, int 
 int cachalot_pool_check_live(int device, uint64_t pool_hi, uint64_t pool_lo,
                              const void *const *ptrs, size_t n, int *out);
 
-/* Memory history on (keeping max_entries, clamped to 2^22; cleared when
- * clear != 0) or off. */
+/* Memory history of one device on (keeping max_entries, clamped to 2^22;
+ * cleared when clear != 0; every context kept, nothing skipped) or off. */
 int cachalot_record_history(int device, int enabled, uint64_t max_entries, int clear);
 int cachalot_history_enabled(int device, int *out);
+
+/* PyTorch's recordHistory: device -1 = every device, also those used later.
+ * record_context: 0 never, 1 state, 2 alloc, 3 all (PyTorch's RecordContext).
+ * skip_actions: names ("alloc", "free_requested", ...; at most 64); an
+ * unknown one is CACHALOT_ERR_INVALID_ARGUMENT ("Unknown TraceEntry action:
+ * ...") and changes nothing. On again while on: entries kept unless clear. */
+int cachalot_history_configure(int device, int enabled, uint64_t max_entries,
+                               int record_context, int clear,
+                               const char *const *skip_actions, size_t num_skip);
+
+/* A caller's context (PyTorch: a heap std::shared_ptr<c10::GatheredContext>).
+ * cachalot calls release(data) exactly once, from any thread (possibly
+ * holding an allocator lock: it must not call cachalot), when it drops its
+ * last reference. NULL data: no context. */
+typedef struct {
+  void *data;
+  void (*release)(void *data);
+} cachalot_context_t;
+
+/* The calling thread's context for its allocator calls until the matching
+ * exit (nesting, at most 64 deep). cachalot owns ctx from the call on, also
+ * when it fails. */
+int cachalot_context_enter(cachalot_context_t ctx);
+void cachalot_context_exit(void);
+/* The calling thread's compile-context stack (kept while some history is
+ * on) and user metadata ("" clears), copied into the entries it records.
+ * Strings at most 64 KiB. user_metadata's result is valid until the
+ * thread's next call of it. */
+int cachalot_history_push_compile_context(const char *name);
+void cachalot_history_pop_compile_context(void);
+int cachalot_history_set_user_metadata(const char *metadata);
+const char *cachalot_history_user_metadata(void);
+/* A record_function annotation (n <= 64 key/value pairs) while on. */
+int cachalot_history_record_annotation(int device, const char *const *keys,
+                                       const char *const *values, size_t n);
+
+/* The profiler's memory events: device and block size of a live allocation
+ * (CACHALOT_ERR_INVALID_POINTER when none holds ptr), and a device's
+ * allocated / reserved bytes now. */
+int cachalot_block_lookup(const void *ptr, int *device, uint64_t *size);
+int cachalot_memory_totals(int device, uint64_t *allocated, uint64_t *reserved);
 
 typedef struct {
   uint64_t address, size, requested_size;
   int32_t state; /* 0 active_allocated, 1 active_pending_free, 2 inactive */
   int32_t reserved;
+  void *context; /* the allocation's context data, or NULL */
 } cachalot_block_t;
 
 typedef struct {
@@ -207,13 +249,24 @@ typedef struct {
   uint64_t pool_hi, pool_lo;
   uint64_t first_block, num_blocks; /* blocks[first_block .. +num_blocks) */
   int32_t device, is_small, is_expandable, reserved;
+  void *context; /* the segment allocation's context data, or NULL */
 } cachalot_segment_t;
 
 typedef struct {
   int32_t action; /* TraceEntry::Action order: alloc 0 .. oom 8 */
   int32_t device;
   uint64_t addr, size, stream, time_us;
+  void *context;               /* the entry's context data, or NULL */
+  const char *compile_context; /* NULL: none ("N/A") */
+  const char *user_metadata;   /* NULL: none ("") */
 } cachalot_trace_t;
+
+typedef struct {
+  int32_t device, reserved;
+  uint64_t time_us;
+  size_t num_pairs;
+  const char *const *keys, *const *values;
+} cachalot_annotation_t;
 
 typedef struct {
   const cachalot_segment_t *segments;
@@ -227,10 +280,14 @@ typedef struct {
   int32_t expandable_segments, graph_capture_record_stream_reuse;
   uint64_t roundup_power2_divisions[16];
   const char *last_config;
+  const cachalot_annotation_t *annotations;
+  size_t num_annotations;
 } cachalot_snapshot_t;
 
 /* Snapshot of device: all segments, or pool's for pool != (0,0); history
- * entries when include_traces. Release with cachalot_snapshot_free. A device
+ * entries and annotations when include_traces; context pointers and strings
+ * valid until cachalot_snapshot_free. With the history on, a snapshot entry
+ * is recorded after the copy. Release with cachalot_snapshot_free. A device
  * not in use yet writes NULL to *out (success; nothing is opened). */
 int cachalot_snapshot(int device, uint64_t pool_hi, uint64_t pool_lo,
                       int include_traces, cachalot_snapshot_t **out);

@@ -35,7 +35,7 @@ use std::ffi::{CString, c_char, c_int, c_void};
 
 use cachalot::core::engine::{PoolFilter, PoolId};
 use cachalot::core::stats::{Stat, StatArray};
-use cachalot::{BlockState, DeviceAllocator, DeviceStats, Error, HistoryConfig, TraceAction};
+use cachalot::{BlockState, DeviceAllocator, DeviceStats, Error, TraceAction};
 use parking_lot::Mutex;
 
 use crate::{
@@ -45,9 +45,6 @@ use crate::{
 
 /// The pool id `(0, 0)`: the default pools (in a snapshot: every pool).
 const DEFAULT_POOL: PoolId = (0, 0);
-/// Most entries [`cachalot_record_history`] keeps: a larger `max_entries`
-/// (PyTorch's default is `sys.maxsize`, "unbounded") is clamped to it.
-pub const MAX_HISTORY_ENTRIES: u64 = 1 << 22;
 /// Most pointers [`cachalot_pool_check_live`] reads.
 pub const MAX_CHECK_POINTERS: usize = 1 << 28;
 
@@ -60,7 +57,6 @@ pub const MAX_CHECK_POINTERS: usize = 1 << 28;
 struct PoolBook {
     uses: HashMap<(u32, PoolId), u64>,
     recording: HashMap<(u32, PoolId), ()>,
-    history: HashMap<u32, bool>,
 }
 
 static BOOK: Mutex<Option<PoolBook>> = Mutex::new(None);
@@ -671,54 +667,6 @@ pub unsafe extern "C" fn cachalot_pool_check_live(
 
 // ----- memory history and snapshots -----
 
-/// Turns `device`'s memory history on (`enabled` non-zero, keeping at most
-/// `max_entries` entries, clamped to [`MAX_HISTORY_ENTRIES`]; cleared when
-/// `clear` is non-zero or the setting changes) or off (clearing it):
-/// `_record_memory_history`.
-#[unsafe(no_mangle)]
-pub extern "C" fn cachalot_record_history(
-    device: c_int,
-    enabled: c_int,
-    max_entries: u64,
-    clear: c_int,
-) -> c_int {
-    status("cachalot_record_history", || {
-        let max_entries = max_entries.min(MAX_HISTORY_ENTRIES);
-        let dev = device_alloc(device)?;
-        if enabled == 0 || clear != 0 {
-            dev.record_memory_history(None);
-        }
-        if enabled != 0 {
-            dev.record_memory_history(Some(HistoryConfig {
-                max_entries: max_entries as usize,
-                backtraces: false,
-            }));
-        }
-        book(|b| b.history.insert(dev.index(), enabled != 0));
-        Ok(())
-    })
-}
-
-/// Writes 1 to `*out` when `device`'s memory history is on, else 0.
-///
-/// # Safety
-/// `out` is NULL (an error) or valid for one `int` write.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cachalot_history_enabled(device: c_int, out: *mut c_int) -> c_int {
-    status("cachalot_history_enabled", || {
-        if out.is_null() {
-            return Err(Failure::invalid("out is NULL"));
-        }
-        let on = match existing_alloc(device)? {
-            Some(d) => book(|b| b.history.get(&d.index()).copied().unwrap_or(false)),
-            None => false,
-        };
-        // SAFETY: non-NULL and valid for writes by the caller's contract.
-        unsafe { out.write(c_int::from(on)) };
-        Ok(())
-    })
-}
-
 /// A block of a snapshot segment.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -733,6 +681,9 @@ pub struct CachalotBlock {
     pub state: i32,
     /// Zero.
     pub reserved: i32,
+    /// The `data` of the context its allocation was made with (see
+    /// [`crate::history`]), NULL when none; valid until the snapshot is freed.
+    pub context: *mut c_void,
 }
 
 /// A segment of a snapshot; its blocks are `blocks[first_block ..
@@ -768,6 +719,9 @@ pub struct CachalotSegment {
     pub is_expandable: i32,
     /// Zero.
     pub reserved: i32,
+    /// The `data` of the context the segment was allocated with, NULL when
+    /// none; valid until the snapshot is freed.
+    pub context: *mut c_void,
 }
 
 /// A memory-history entry.
@@ -788,6 +742,15 @@ pub struct CachalotTrace {
     pub stream: u64,
     /// Microseconds since the Unix epoch.
     pub time_us: u64,
+    /// The `data` of the entry's context, NULL when none; valid until the
+    /// snapshot is freed.
+    pub context: *mut c_void,
+    /// The recording thread's compile context (NUL-terminated), NULL when
+    /// none (PyTorch: `"N/A"`).
+    pub compile_context: *const c_char,
+    /// The recording thread's user metadata (NUL-terminated), NULL when
+    /// none (PyTorch: `""`).
+    pub user_metadata: *const c_char,
 }
 
 /// A snapshot (`cachalot_snapshot_t`): arrays owned by cachalot until
@@ -820,6 +783,11 @@ pub struct CachalotSnapshot {
     pub roundup_power2_divisions: [u64; 16],
     /// The last configuration string (NUL-terminated).
     pub last_config: *const c_char,
+    /// `record_function` annotations, oldest first (none when the history
+    /// is off or traces were not asked for).
+    pub annotations: *const crate::history::CachalotAnnotation,
+    /// Number of annotations.
+    pub num_annotations: usize,
 }
 
 #[repr(C)]
@@ -829,6 +797,9 @@ struct OwnedSnapshot {
     blocks: Vec<CachalotBlock>,
     traces: Vec<CachalotTrace>,
     last_config: CString,
+    /// The strings and annotations the arrays point to; the engine's
+    /// snapshot, whose contexts the `context` pointers are.
+    extras: crate::history::SnapshotExtras,
 }
 
 fn action_code(a: TraceAction) -> i32 {
@@ -857,9 +828,11 @@ fn stream_value(debug: &str) -> u64 {
     cachalot::export::stream_number(debug) as u64
 }
 
-fn build_snapshot(dev: &DeviceAllocator, pool: PoolId, traces: bool) -> Box<OwnedSnapshot> {
+fn build_snapshot(dev: &DeviceAllocator, pool: PoolId, include_traces: bool) -> Box<OwnedSnapshot> {
     let snap = dev.snapshot();
     let cfg = dev.config();
+    let ctx = |c: &Option<cachalot::HistoryContext>| crate::history::context_data(c.as_ref());
+    let mut extras = crate::history::SnapshotExtras::default();
     let mut segments = Vec::new();
     let mut blocks = Vec::new();
     for s in snap
@@ -874,6 +847,7 @@ fn build_snapshot(dev: &DeviceAllocator, pool: PoolId, traces: bool) -> Box<Owne
             requested_size: b.requested_size,
             state: state_code(b.state),
             reserved: 0,
+            context: ctx(&b.context),
         }));
         segments.push(CachalotSegment {
             address: s.address,
@@ -890,10 +864,11 @@ fn build_snapshot(dev: &DeviceAllocator, pool: PoolId, traces: bool) -> Box<Owne
             is_small: i32::from(s.is_small),
             is_expandable: i32::from(s.is_expandable),
             reserved: 0,
+            context: ctx(&s.context),
         });
     }
     let device = i32::try_from(dev.index()).unwrap_or(i32::MAX);
-    let traces: Vec<CachalotTrace> = if traces {
+    let traces: Vec<CachalotTrace> = if include_traces {
         snap.traces
             .iter()
             .map(|t| CachalotTrace {
@@ -903,11 +878,17 @@ fn build_snapshot(dev: &DeviceAllocator, pool: PoolId, traces: bool) -> Box<Owne
                 size: t.size,
                 stream: stream_value(&t.stream),
                 time_us: t.time_us,
+                context: ctx(&t.context),
+                compile_context: extras.intern(t.compile_context.as_ref()),
+                user_metadata: extras.intern(t.user_metadata.as_ref()),
             })
             .collect()
     } else {
         Vec::new()
     };
+    if include_traces {
+        extras.annotations(&snap.annotations, device);
+    }
     let mut divisions = [0u64; 16];
     for (d, s) in divisions
         .iter_mut()
@@ -932,12 +913,17 @@ fn build_snapshot(dev: &DeviceAllocator, pool: PoolId, traces: bool) -> Box<Owne
             ),
             roundup_power2_divisions: divisions,
             last_config: std::ptr::null(),
+            annotations: std::ptr::null(),
+            num_annotations: 0,
         },
         segments,
         blocks,
         traces,
         last_config,
+        extras,
     });
+    owned.extras.keep(snap);
+    (owned.public.annotations, owned.public.num_annotations) = owned.extras.annotation_array();
     owned.public.segments = owned.segments.as_ptr();
     owned.public.blocks = owned.blocks.as_ptr();
     owned.public.traces = owned.traces.as_ptr();

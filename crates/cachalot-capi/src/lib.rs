@@ -68,6 +68,7 @@ pub mod checkpoint;
 pub mod drop_in;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzz;
+pub mod history;
 pub mod ipc;
 
 /// Success.
@@ -292,6 +293,7 @@ fn device_alloc(device: c_int) -> Result<&'static DeviceAllocator, Failure> {
     for c in configs.iter().flat_map(ConfigReplay::strings) {
         a.set_config(&c)?;
     }
+    history::on_new_allocator(&a);
     Ok(slot.get_or_init(|| a))
 }
 

@@ -11,12 +11,16 @@
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/util/Exception.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <unordered_set>
+#include <vector>
 
 extern "C" int cachalot_torch_install(const char*, char*, size_t);
 extern "C" int cachalot_torch_installed();
@@ -165,6 +169,43 @@ static void ipc() {
   CHECK(throws<c10::Error>([&] { CCA::getIpcDevPtr(std::string("\x02" "q", 2)); }, "ill-formed"));
 }
 
+// A context the recorder hands out (PyTorch's is a CapturedTraceback): a
+// number, and a count of the live ones.
+static std::atomic<int> live_contexts{0};
+static std::atomic<int> next_context{1};
+struct TestContext : c10::GatheredContext {
+  int id = next_context++;
+  TestContext() { ++live_contexts; }
+  ~TestContext() override { --live_contexts; }
+};
+static std::atomic<int> recorder_calls{0};
+static std::shared_ptr<c10::GatheredContext> test_recorder() {
+  ++recorder_calls;
+  return std::make_shared<TestContext>();
+}
+static int id_of(const std::shared_ptr<c10::GatheredContext>& c) {
+  auto* t = dynamic_cast<TestContext*>(c.get());
+  return t ? t->id : 0;
+}
+
+// The profiler's memory reporter (what torch.profiler installs per thread).
+struct Reporter : c10::MemoryReportingInfoBase {
+  struct Event {
+    void* ptr;
+    int64_t size;
+    size_t allocated, reserved;
+  };
+  std::vector<Event> events;
+  int ooms = 0;
+  void reportMemoryUsage(void* ptr, int64_t size, size_t allocated, size_t reserved, c10::Device) override {
+    events.push_back({ptr, size, allocated, reserved});
+  }
+  void reportOutOfMemory(int64_t, size_t, size_t, c10::Device) override { ++ooms; }
+  bool memoryProfilingEnabled() const override { return true; }
+};
+
+static void history_checks();
+
 int main() {
   CHECK(CCA::get()->name() == "native");
   char err[1024] = {0};
@@ -278,7 +319,9 @@ int main() {
   CCA::releasePool(0, gpool);
 
   // history and snapshot
-  CCA::recordHistory(true, nullptr, 1000, CCA::RecordContext::ALL, true, {});
+  CHECK(throws<c10::Error>([&] { CCA::recordHistory(true, nullptr, 1000, CCA::RecordContext::ALL, true, {}); },
+                           "context recorder"));
+  CCA::recordHistory(true, nullptr, 1000, CCA::RecordContext::NEVER, true, {});
   CHECK(CCA::isHistoryEnabled());
   void* h = CCA::raw_alloc(700);
   CCA::raw_delete(h);
@@ -300,6 +343,7 @@ int main() {
   }
   CCA::recordHistory(false, nullptr, 0, CCA::RecordContext::NEVER, false, {});
   CHECK(!CCA::isHistoryEnabled());
+  history_checks();
 
   // what cachalot does not do: NotImplementedError naming it
   CHECK(throws<c10::NotImplementedError>([&] { CCA::enable(false); }, "caching_allocator_enable"));
@@ -314,4 +358,114 @@ int main() {
 
   if (failures == 0) std::printf("shim driver: ok\n");
   return failures == 0 ? 0 : 1;
+}
+
+// Contexts gathered as PyTorch's allocator gathers them, handed back by
+// snapshot(); skip_actions; compile context, user metadata, annotations;
+// the profiler's memory events.
+static void history_checks() {
+  using TE = c10::CachingDeviceAllocator::TraceEntry;
+  CCA::emptyCache();
+  // level all: allocations, frees and empty_cache gather
+  CCA::recordHistory(true, &test_recorder, 1000, CCA::RecordContext::ALL, true, {});
+  recorder_calls = 0;
+  void* a = CCA::raw_alloc(3000);
+  CHECK(recorder_calls == 1);
+  int a_id = next_context - 1;
+  {
+    auto snap = CCA::snapshot({0, 0}, true);
+    bool block = false, seg = false, entry = false;
+    for (const auto& s : snap.segments) {
+      size_t at = s.address;
+      for (const auto& b : s.blocks) {
+        if (at == reinterpret_cast<size_t>(a) && b.allocated) block = id_of(b.context_when_allocated) == a_id;
+        at += b.size;
+      }
+      if (s.address <= reinterpret_cast<size_t>(a) && reinterpret_cast<size_t>(a) < s.address + s.total_size)
+        seg = id_of(s.context_when_allocated) == a_id;
+    }
+    for (const auto& te : snap.device_traces[0]) {
+      if (te.action_ == TE::ALLOC && te.addr_ == reinterpret_cast<size_t>(a)) {
+        entry = id_of(te.context_) == a_id && te.size_ == 3000 && te.compile_context_ == "N/A";
+      }
+    }
+    CHECK(block && seg && entry);
+  }
+  CCA::raw_delete(a);
+  CHECK(recorder_calls == 2);
+  int f_id = next_context - 1;
+  CCA::emptyCache();
+  CHECK(recorder_calls == 3);
+  int e_id = next_context - 1;
+  {
+    auto snap = CCA::snapshot({0, 0}, true);
+    int free_ctx = 0, seg_free_ctx = 0;
+    for (const auto& te : snap.device_traces[0]) {
+      if (te.action_ == TE::FREE_REQUESTED && te.addr_ == reinterpret_cast<size_t>(a)) free_ctx = id_of(te.context_);
+      if (te.action_ == TE::SEGMENT_FREE || te.action_ == TE::SEGMENT_UNMAP) seg_free_ctx = id_of(te.context_);
+    }
+    CHECK(free_ctx == f_id);
+    CHECK(seg_free_ctx == e_id);
+    // the snapshot's own entry comes after it
+    CHECK(!snap.device_traces[0].empty() && snap.device_traces[0].back().action_ != TE::SNAPSHOT);
+  }
+  // level state: allocations gather, frees do not, entries carry none
+  CCA::recordHistory(true, &test_recorder, 1, CCA::RecordContext::STATE, true, {});
+  recorder_calls = 0;
+  void* b = CCA::raw_alloc(5000);
+  CCA::raw_delete(b);
+  CHECK(recorder_calls == 1);
+  // skip_actions; an unknown one is refused and changes nothing
+  CCA::recordHistory(true, &test_recorder, 1000, CCA::RecordContext::ALL, true, {"alloc", "free_requested"});
+  CHECK(throws<c10::Error>([&] { CCA::recordHistory(true, &test_recorder, 1000, CCA::RecordContext::ALL, true, {"nope"}); },
+                           "Unknown TraceEntry action: nope"));
+  // compile context and user metadata, per thread
+  std::string region = "Torch-Compiled Region: 0/0";
+  CCA::pushCompileContext(region);
+  CCA::setUserMetadata("metadata test");
+  CHECK(CCA::getUserMetadata() == "metadata test");
+  CCA::recordAnnotation({{"name", "fwd"}, {"stage", "START"}});
+  void* c = CCA::raw_alloc(7000);
+  CCA::popCompileContext();
+  CCA::raw_delete(c);
+  CCA::setUserMetadata("");
+  {
+    auto snap = CCA::snapshot({0, 0}, true);
+    bool alloc = false, freed = false, completed = false;
+    for (const auto& te : snap.device_traces[0]) {
+      alloc |= te.action_ == TE::ALLOC;
+      freed |= te.action_ == TE::FREE_REQUESTED;
+      if (te.action_ == TE::FREE_COMPLETED && te.addr_ == reinterpret_cast<size_t>(c)) {
+        completed = te.user_metadata_ == "metadata test" && te.compile_context_ == "N/A";
+      }
+    }
+    CHECK(!alloc && !freed && completed);
+    CHECK(snap.external_annotations.size() == 1 &&
+          snap.external_annotations[0].metadata_.at("stage") == "START");
+  }
+  // without traces: no device list
+  CHECK(CCA::snapshot({0, 0}, false).device_traces.empty());
+  // off: every context released
+  CCA::recordHistory(false, nullptr, 0, CCA::RecordContext::NEVER, false, {});
+  CHECK(live_contexts == 0);
+
+  // the profiler's memory events: +size and -size with the totals
+  {
+    auto reporter = std::make_shared<Reporter>();
+    c10::DebugInfoGuard guard(c10::DebugInfoKind::PROFILER_STATE, reporter);
+    void* p = CCA::raw_alloc(1000);
+    { c10::DataPtr d = c10::GetAllocator(c10::DeviceType::CUDA)->allocate(4096); }
+    CCA::raw_delete(p);
+    CHECK(throws<c10::OutOfMemoryError>([&] { CCA::raw_alloc(size_t(1) << 50); }, "out of memory"));
+    CHECK(reporter->events.size() == 4);
+    if (reporter->events.size() == 4) {
+      const auto& e = reporter->events;
+      CHECK(e[0].ptr == p && e[0].size == 1024 && e[0].allocated == 1024);
+      CHECK(e[1].size == 4096 && e[1].allocated == 1024 + 4096);
+      CHECK(e[2].ptr == e[1].ptr && e[2].size == -4096 && e[2].allocated == 1024);
+      CHECK(e[3].ptr == p && e[3].size == -1024 && e[3].allocated == 0);
+      CHECK(e[0].reserved >= e[0].allocated);
+    }
+    CHECK(reporter->ooms == 1);
+  }
 }

@@ -474,9 +474,26 @@ impl DeviceAllocator {
         dispatch!(&self.inner, e => e.alloc.remove_oom_observer(id))
     }
 
-    /// Turns the memory history on (`Some`) or off (`None`, clearing it).
+    /// Turns the memory history on (`Some`; while on, new settings keep the
+    /// entries, as PyTorch's) or off (`None`, clearing it).
     pub fn record_memory_history(&self, config: Option<HistoryConfig>) {
         dispatch!(&self.inner, e => e.alloc.record_memory_history(config))
+    }
+
+    /// Drops the memory history's entries, keeping it on
+    /// (`clear_history=True`).
+    pub fn clear_memory_history(&self) {
+        dispatch!(&self.inner, e => e.alloc.clear_memory_history())
+    }
+
+    /// The settings of the memory history, `None` when it is off.
+    pub fn history_config(&self) -> Option<HistoryConfig> {
+        dispatch!(&self.inner, e => e.alloc.history_config())
+    }
+
+    /// Records a `record_function` annotation while the history is on.
+    pub fn record_annotation(&self, metadata: Vec<(String, String)>) {
+        dispatch!(&self.inner, e => e.alloc.record_annotation(metadata))
     }
 
     /// The memory history, oldest entry first.

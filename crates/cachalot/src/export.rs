@@ -94,8 +94,14 @@ fn trace_entry(e: &TraceEntry) -> Value {
         ("stream", Value::from(stream_number(&e.stream))),
         ("time_us", Value::from(e.time_us)),
         ("frames", frames),
-        ("compile_context", Value::from("N/A")),
-        ("user_metadata", Value::from("")),
+        (
+            "compile_context",
+            Value::from(e.compile_context.as_deref().unwrap_or("N/A")),
+        ),
+        (
+            "user_metadata",
+            Value::from(e.user_metadata.as_deref().unwrap_or("")),
+        ),
     ])
 }
 
@@ -193,6 +199,22 @@ pub fn snapshot_value(snapshots: &[Snapshot]) -> Value {
     for snap in snapshots {
         traces[snap.device as usize] = Value::List(snap.traces.iter().map(trace_entry).collect());
     }
+    // PyTorch's annotation dicts: the metadata, `device`, `time_us`
+    let annotations = snapshots
+        .iter()
+        .flat_map(|snap| {
+            snap.annotations.iter().map(|a| {
+                let mut d: Vec<(Value, Value)> = a
+                    .metadata
+                    .iter()
+                    .map(|(k, v)| (Value::from(k.as_str()), Value::from(v.as_str())))
+                    .collect();
+                d.push((Value::from("device"), Value::from(snap.device)));
+                d.push((Value::from("time_us"), Value::from(a.time_us)));
+                Value::Dict(d)
+            })
+        })
+        .collect();
     let settings = snapshots.first().map_or_else(
         || allocator_settings(&AllocatorConfig::default()),
         |s| allocator_settings(&s.config),
@@ -204,7 +226,7 @@ pub fn snapshot_value(snapshots: &[Snapshot]) -> Value {
         ),
         ("device_traces", Value::List(traces)),
         ("allocator_settings", settings),
-        ("external_annotations", Value::List(Vec::new())),
+        ("external_annotations", Value::List(annotations)),
     ])
 }
 

@@ -105,8 +105,8 @@ pub use global::{
 /// The device-agnostic core (engine, backend trait, stats model).
 pub use cachalot_core as core;
 pub use cachalot_core::engine::{
-    BlockSnapshot, BlockState, HistoryConfig, ObserverId, SegmentSnapshot, Snapshot, TraceAction,
-    TraceEntry,
+    ActionSet, Annotation, BlockSnapshot, BlockState, HistoryConfig, HistoryContext, ObserverId,
+    RecordContext, SegmentSnapshot, Snapshot, TraceAction, TraceEntry,
 };
 pub use cachalot_core::replay::{
     ParseErrorKind, ReplayError, ReplayReport, Trace, TraceError, TraceLimits,

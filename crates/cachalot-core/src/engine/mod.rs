@@ -51,7 +51,9 @@ pub use capture::PoolFilter;
 pub use checkpoint::{
     CheckpointBlock, CheckpointDelta, CheckpointSegment, CheckpointState, PoolCheckpoint,
 };
-pub use history::{HistoryConfig, TraceAction, TraceEntry};
+pub use history::{
+    ActionSet, Annotation, HistoryConfig, HistoryContext, RecordContext, TraceAction, TraceEntry,
+};
 pub use ipc::SharedMemory;
 use locks::{Padded, ShardLock};
 pub use pools::PoolId;
@@ -568,44 +570,6 @@ impl<B: Backend> CachingAllocator<B> {
     /// Checks every bookkeeping invariant (tests call it after each operation).
     pub fn check_invariants(&self) -> Result<(), String> {
         self.lock().check_invariants()
-    }
-
-    /// A snapshot of every segment and block, with the memory history
-    /// (empty when the history is off) and the device index.
-    pub fn snapshot(&self) -> Snapshot {
-        let mut g = self.lock();
-        if g.history.is_some() {
-            g.trace(TraceAction::Snapshot, 0, 0, self.backend.default_stream());
-        }
-        let mut s = g.snapshot();
-        s.device = self.backend.device();
-        for seg in &mut s.segments {
-            seg.device = s.device;
-        }
-        s.traces = g
-            .history
-            .as_ref()
-            .map_or_else(Vec::new, |h| h.ring.iter().cloned().collect());
-        s
-    }
-
-    /// Turns the memory history on (`Some`, clearing it when the settings
-    /// change) or off (`None`, which also clears it).
-    pub fn record_memory_history(&self, config: Option<HistoryConfig>) {
-        let mut g = self.lock();
-        g.history = match (config, g.history.take()) {
-            (None, _) => None,
-            (Some(c), Some(h)) if h.config == c => Some(h),
-            (Some(c), _) => Some(Box::new(history::History::new(c))),
-        };
-    }
-
-    /// The entries of the memory history, oldest first.
-    pub fn memory_history(&self) -> Vec<TraceEntry> {
-        self.lock()
-            .history
-            .as_ref()
-            .map_or_else(Vec::new, |h| h.ring.iter().cloned().collect())
     }
 
     /// Largest free cached block over all pools (PyTorch's `cacheInfo`).

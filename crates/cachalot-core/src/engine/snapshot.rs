@@ -1,7 +1,9 @@
 //! Snapshots of every segment and block (PyTorch's `_snapshot()` segments).
 
 use crate::backend::Backend;
+use crate::engine::CachingAllocator;
 use crate::engine::block::BState;
+use crate::engine::history::{Annotation, HistoryContext, TraceAction};
 use crate::engine::pools::PoolId;
 use crate::engine::segments::SegmentKind;
 use crate::engine::state::Inner;
@@ -41,6 +43,9 @@ pub struct BlockSnapshot {
     pub state: BlockState,
     /// The block's stream (rendered with `Debug`).
     pub stream: String,
+    /// The context its allocation was made with, while the memory history
+    /// keeps contexts (PyTorch's `context_when_allocated`).
+    pub context: Option<HistoryContext>,
 }
 
 /// One device segment.
@@ -69,6 +74,9 @@ pub struct SegmentSnapshot {
     pub is_expandable: bool,
     /// Blocks in address order.
     pub blocks: Vec<BlockSnapshot>,
+    /// The context the segment (range) was allocated (mapped) with, while
+    /// the memory history keeps contexts.
+    pub context: Option<HistoryContext>,
 }
 
 /// Every segment, sorted by address, and the memory history.
@@ -80,6 +88,9 @@ pub struct Snapshot {
     pub segments: Vec<SegmentSnapshot>,
     /// Memory-history entries, oldest first (empty when the history is off).
     pub traces: Vec<crate::engine::history::TraceEntry>,
+    /// `record_function` annotations, oldest first (empty when the history
+    /// is off).
+    pub annotations: Vec<Annotation>,
     /// The allocator config at snapshot time.
     pub config: crate::config::AllocatorConfig,
 }
@@ -108,6 +119,7 @@ impl<B: Backend> Inner<B> {
                     pool_id: self.pools.pair(b.pool).id(),
                     is_expandable: expandable,
                     blocks: Vec::new(),
+                    context: None,
                 });
                 if expandable {
                     s.total_size += b.size;
@@ -134,6 +146,7 @@ impl<B: Backend> Inner<B> {
                     },
                     state,
                     stream: format!("{:?}", b.stream),
+                    context: None,
                 });
             }
             segments.extend(cur);
@@ -142,7 +155,35 @@ impl<B: Backend> Inner<B> {
             device: 0,
             segments,
             traces: Vec::new(),
+            annotations: Vec::new(),
             config: self.config.clone(),
         }
+    }
+}
+
+impl<B: Backend> CachingAllocator<B> {
+    /// A snapshot of every segment and block, with the memory history's
+    /// entries, annotations and contexts (none when it is off) and the
+    /// device index. With the history on, a `snapshot` entry (size: the
+    /// active bytes) is recorded after the copy: a snapshot never holds its
+    /// own entry, as in PyTorch.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut g = self.lock();
+        let mut s = g.snapshot();
+        s.device = self.backend.device();
+        for seg in &mut s.segments {
+            seg.device = s.device;
+        }
+        if let Some(h) = g.history.as_ref() {
+            h.fill(&mut s);
+            let active = s.segments.iter().map(|seg| seg.active_size).sum();
+            g.trace(
+                TraceAction::Snapshot,
+                0,
+                active,
+                self.backend.default_stream(),
+            );
+        }
+        s
     }
 }

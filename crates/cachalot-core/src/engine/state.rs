@@ -387,7 +387,8 @@ impl<B: Backend> Inner<B> {
         self.live.insert(addr, id);
         self.stats.on_alloc(st, size, p.requested, oversize);
         if self.history.is_some() {
-            self.trace(TraceAction::Alloc, addr, size, p.stream);
+            // PyTorch's size: the request's
+            self.trace(TraceAction::Alloc, addr, p.requested, p.stream);
         }
         addr
     }
@@ -464,7 +465,7 @@ impl<B: Backend> Inner<B> {
     fn retire(&mut self, id: BlockId) {
         if self.history.is_some() {
             let b = &self.blocks[id];
-            let (a, sz, s) = (b.addr, b.size, b.stream);
+            let (a, sz, s) = (b.addr, b.requested, b.stream);
             self.trace(TraceAction::FreeRequested, a, sz, s);
         }
         let b = &mut self.blocks[id];
@@ -508,8 +509,8 @@ impl<B: Backend> Inner<B> {
         let st = b.stat_type();
         let (orig_size, requested, stream) = (b.size, b.requested, b.stream);
         if self.history.is_some() {
-            let (a, sz) = (b.addr, b.size);
-            self.trace(TraceAction::FreeCompleted, a, sz, stream);
+            let a = b.addr;
+            self.trace(TraceAction::FreeCompleted, a, requested, stream);
         }
         let (mut split_count, mut split_bytes) = (0i64, 0i64);
         // Neighbours merge only when free and of the same stream (blocks of one
