@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The PyTorch drop-in on the GPU machine, from the repository root: the
 # shim built against the machine's torch, the repository's suite
-# (python/tests) against native PyTorch and cachalot in one run, and
+# (python/tests) against native PyTorch and cachalot in one run,
 # PyTorch's own allocator tests when present: dist/pt_tests/ with
 # PyTorch's test/test_cuda.py and the runner run_with_allocator.py (one
-# test per process, either allocator, JSON results).
+# test per process, either allocator, JSON results), and the host cost per
+# allocation.
 #
 # Before (on the build machine, no GPU needed):
 #   cargo build --release -p cachalot-capi
@@ -12,22 +13,27 @@
 # and carry `carry` (and `dist/pt_tests` for part pt) with the device call.
 #
 # Parameters (environment):
-#   PARTS     what to run, in order (default "suite pt"):
+#   PARTS     what to run, in order (default "suite pt"; add host for the host cost):
 #               suite  python/tests once per allocator (cachalot in each of CONFIGS)
 #               pt     PyTorch's tests from dist/pt_tests/ (native, then cachalot in each of CONFIGS)
+#               host   python/bench_host.py: host ns per torch.empty + del, native
+#                      and cachalot, history off and with stacks="python" (HOST_MODES)
 #   CONFIGS   cachalot configurations, space-separated; "default" = none
 #             (default "default placement:pytorch")
 #   LIB       libcachalot_capi.so (default carry/libcachalot_capi.so)
 #   TESTS     -k for the suite (default: all): a pytest expression, e.g.
 #             "cudagraph_trees or ipc"; a substring when pytest is missing
 #   SUITE_TIMEOUT  seconds per suite run (default 400)
-#   PT_K      -k filter for PyTorch's tests, e.g. "BlockStateAbsorption" (default: all 80)
+#   PT_K      space-separated filters for PyTorch's tests, any matching
+#             (e.g. "TestCudaMallocAsync TestFXMemoryProfiler"; default: all 80)
 #   PT_GPUS   --gpus of the runner (default 0,0,0,0: four at a time on one GPU)
+#   HOST_MODES, HOST_REPS, HOST_ITERS   bench_host.py's --modes, --reps, --iters
+#             (default native,shim,native:python,shim:python; 5; 10000)
 #   OUT       logs and JSON (a temp folder when unset)
 # Prints one table last (also $OUT/table.txt; every log in $OUT/all.tgz):
 # per part and allocator, passed / failed / errors / skipped, every test
-# whose outcome differs from native's, and the suite's recorded values
-# compared across allocators.
+# whose outcome differs from native's, the suite's recorded values compared
+# across allocators, and the host-cost table.
 set -u
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -94,7 +100,7 @@ for part in $PARTS; do
       continue
     fi
     k=()
-    [ -n "${PT_K:-}" ] && k=(-k "$PT_K")
+    for f in ${PT_K:-}; do k+=(-k "$f"); done
     runs="native"
     for c in $CONFIGS; do runs="$runs $c"; done
     for r in $runs; do
@@ -113,6 +119,12 @@ for part in $PARTS; do
       fi
       echo "   exit $?: $(grep -E 'passed|failed' "$OUT/pt-$n.log" | tail -1)"
     done
+    ;;
+  host)
+    echo "== host: $(( $(date +%s) - S )) s"
+    timeout 280 "$PY" python/bench_host.py --modes "${HOST_MODES:-native,shim,native:python,shim:python}" \
+      --reps "${HOST_REPS:-5}" --iters "${HOST_ITERS:-10000}" --json "$OUT/host.json" >"$OUT/host.log" 2>&1
+    echo "   exit $?"
     ;;
   *) echo "unknown part $part" ;;
   esac
@@ -163,6 +175,12 @@ if vals:
         seen = {n: v.get(k) for n, v in vals.items()}
         same = len({json.dumps(x, sort_keys=True) for x in seen.values()}) == 1
         print(f"  {k}: {'same' if same else 'DIFFERENT ' + json.dumps(seen)[:200]}")
+host = out / "host.log"
+if host.is_file():
+    print("\nhost cost (ns per torch.empty + del; each mode against native with the same history setting):")
+    for line in host.read_text().splitlines():
+        if line.startswith("|") or "history recorded" in line:
+            print(line)
 P
 # what comes back is at most 8 files: the table, and everything else in one archive
 (cd "$OUT" && ls -A | grep -v -x -e table.txt -e all.tgz | tar czf all.tgz --remove-files -T - 2>/dev/null; true)
