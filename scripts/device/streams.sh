@@ -8,9 +8,10 @@
 #
 #   scripts/device/streams.sh
 #
-# Reads the CLI from $CACHALOT_BIN (default carry/bin/cachalot: a release
-# build made elsewhere, `cargo build --release -p cachalot-cli`, stripped
-# with `strip --strip-debug`). STREAMS (default "128 1000") and SIZE
+# Reads the CLI from $CACHALOT_BIN (default carry/bin/cachalot if there: a
+# release build made elsewhere, `cargo build --release -p cachalot-cli`,
+# stripped with `strip --strip-debug`; else $DIST/bin/cachalot, DIST
+# default dist/cuda, as `cargo xtask bench-cuda` packs it). STREAMS (default "128 1000") and SIZE
 # (default 85983232, 82 MiB) choose the traces; CONFIGS the configurations
 # ("default" is no --config); BACKEND (default cuda; mock tries the script
 # on a machine without a GPU). Logs and the JSON lines in $OUT. Prints a
@@ -23,6 +24,7 @@
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 BIN=${CACHALOT_BIN:-carry/bin/cachalot}
+[ -n "${CACHALOT_BIN:-}" ] || [ -x "$BIN" ] || BIN=${DIST:-dist/cuda}/bin/cachalot
 STREAMS=${STREAMS:-128 1000}
 SIZE=${SIZE:-85983232}
 CONFIGS=${CONFIGS:-default expandable_segments:False placement:pytorch,expandable_segments:True}

@@ -486,3 +486,160 @@ fn hits_that_raise_peaks_stay_on_the_shard() {
     assert_eq!(a.stats().allocation.all().peak, n as i64);
     a.check_invariants().unwrap();
 }
+
+/// One thread's part of a phase of [`peaks_match_a_serial_replay`]: an
+/// allocation of `size` bytes numbered `id` on the thread's stream, or the
+/// free of allocation `id`.
+#[derive(Clone, Copy, Debug)]
+enum PhaseOp {
+    Alloc { id: usize, size: u64 },
+    Free { id: usize },
+}
+
+/// The stats that a phase's operations change in one direction only
+/// (`allocated_bytes`, `requested_bytes`, `allocation`, `active`,
+/// `active_bytes`, all pools), current and peak.
+fn monotone_stats(a: &CachingAllocator<cachalot_mock::MockBackend>) -> Vec<(&'static str, i64)> {
+    let s = a.stats();
+    let mut out = Vec::new();
+    for (name, st) in [
+        ("allocated_bytes", &s.allocated_bytes),
+        ("requested_bytes", &s.requested_bytes),
+        ("allocation", &s.allocation),
+        ("active", &s.active),
+        ("active_bytes", &s.active_bytes),
+    ] {
+        out.push((name, st.all().current));
+        out.push((name, st.all().peak));
+    }
+    out
+}
+
+/// A fresh allocator with `streams` streams whose caches hold, per stream,
+/// `per_size` blocks of each size of `SIZES` (so the phases' allocations
+/// are hits on their stream's shard), its peaks reset.
+fn warmed(
+    streams: usize,
+    per_size: usize,
+) -> (
+    CachingAllocator<cachalot_mock::MockBackend>,
+    Vec<cachalot_mock::MockStream>,
+) {
+    let m = MockConfig::new(16 * GIB).auto_complete(true).build();
+    let a =
+        CachingAllocator::with_config(m.clone(), AllocatorConfig::parse(FIXED).unwrap()).unwrap();
+    let ss: Vec<_> = (0..streams).map(|_| m.create_stream()).collect();
+    for &s in &ss {
+        let held: Vec<u64> = SIZES
+            .iter()
+            .flat_map(|&z| std::iter::repeat_n(z, per_size))
+            .map(|z| a.allocate(z, s).unwrap())
+            .collect();
+        for p in held {
+            a.free(p).unwrap();
+        }
+    }
+    a.reset_peak_stats();
+    (a, ss)
+}
+
+/// The sizes of [`peaks_match_a_serial_replay`]'s allocations.
+const SIZES: [u64; 6] = [512, 1536, 4096, 20_000, 65_536, 700_000];
+
+/// Exact peaks under threads, against a serial replay of the same
+/// operations: `threads` threads, each on its own stream, run phases
+/// separated by a barrier; in an even phase every thread only allocates
+/// (one to six blocks of random sizes, cache hits on its shard), in an odd
+/// one it only frees (each block it holds with probability 1/2). Within a
+/// phase the threads' order does not change the stats at its end, and
+/// these stats only rise in an allocating phase and only fall in a freeing
+/// one, so their peaks are reached at the end of allocating phases whatever
+/// the order inside a phase. Every current and peak of the threaded run
+/// must therefore equal that of one thread replaying the same operations
+/// phase by phase on a fresh allocator. A stamp out of real-time order
+/// (an allocation of the next phase merged before a free of this one,
+/// across the barrier) shows as a higher peak. With the shards logging
+/// from the start and without.
+#[test]
+fn peaks_match_a_serial_replay() {
+    use std::sync::Barrier;
+    const PHASES: usize = 120;
+    for threads in [8usize, 16] {
+        for logs in [true, false] {
+            let (a, streams) = warmed(threads, 6);
+            if logs {
+                a.force_shard_logs();
+            }
+            let bar = Barrier::new(threads);
+            let programs: Vec<Vec<Vec<PhaseOp>>> = std::thread::scope(|sc| {
+                let hs: Vec<_> = (0..threads)
+                    .map(|t| {
+                        let (a, bar, s) = (&a, &bar, streams[t]);
+                        sc.spawn(move || {
+                            let mut rng = 0x5EED_0000 + t as u64 * 7919 + u64::from(logs);
+                            let mut held: Vec<(usize, u64)> = Vec::new();
+                            let mut next_id = 0;
+                            let mut phases = Vec::with_capacity(PHASES);
+                            for phase in 0..PHASES {
+                                let mut ops = Vec::new();
+                                bar.wait();
+                                if phase % 2 == 0 {
+                                    for _ in 0..1 + next(&mut rng) % 6 {
+                                        let size = SIZES[(next(&mut rng) % 6) as usize];
+                                        let p = a.allocate(size, s).unwrap();
+                                        held.push((next_id, p));
+                                        ops.push(PhaseOp::Alloc { id: next_id, size });
+                                        next_id += 1;
+                                    }
+                                } else {
+                                    let mut kept = Vec::new();
+                                    for (id, p) in held.drain(..) {
+                                        if next(&mut rng).is_multiple_of(2) {
+                                            a.free(p).unwrap();
+                                            ops.push(PhaseOp::Free { id });
+                                        } else {
+                                            kept.push((id, p));
+                                        }
+                                    }
+                                    held = kept;
+                                }
+                                phases.push(ops);
+                            }
+                            bar.wait();
+                            phases
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            let threaded = monotone_stats(&a);
+            a.check_invariants().unwrap();
+            // the same operations, one thread, phase by phase
+            let (b, bstreams) = warmed(threads, 6);
+            let mut ptrs: Vec<std::collections::HashMap<usize, u64>> =
+                vec![Default::default(); threads];
+            for phase in 0..PHASES {
+                for (t, prog) in programs.iter().enumerate() {
+                    for op in &prog[phase] {
+                        match *op {
+                            PhaseOp::Alloc { id, size } => {
+                                ptrs[t].insert(id, b.allocate(size, bstreams[t]).unwrap());
+                            }
+                            PhaseOp::Free { id } => b.free(ptrs[t].remove(&id).unwrap()).unwrap(),
+                        }
+                    }
+                }
+            }
+            let serial = monotone_stats(&b);
+            let ops: usize = programs.iter().flatten().map(Vec::len).sum();
+            eprintln!(
+                "{threads} threads, logs {logs}: {ops} operations, peak allocated {}",
+                serial[1].1
+            );
+            assert_eq!(threaded, serial, "{threads} threads, logs {logs}");
+            if logs {
+                assert!(a.shards_log());
+            }
+        }
+    }
+}

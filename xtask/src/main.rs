@@ -49,6 +49,8 @@ mod fuzz;
 const CUDA_TEST_PACKAGES: &[(&str, Option<&str>)] = &[
     ("cachalot-cuda", None),
     ("cachalot-conformance", Some("cuda")),
+    // the stat logs' clock: its stamps ordered across the GPU host's cores
+    ("cachalot-clock", None),
 ];
 
 /// Packages whose tests exercise the HIP backend (same rules as above).

@@ -167,7 +167,8 @@ Examples:
 const THREADS_EXAMPLES: &str = "\
 Examples:
   cachalot threads --backend mock
-  cachalot threads --backend cuda --threads 1,8,32 --ops 100000";
+  cachalot threads --backend cuda --threads 1,8,32 --ops 100000
+  cachalot threads --backend cuda --clock monotonic";
 
 /// Examples of `capture-sim`.
 const CAPTURE_SIM_EXAMPLES: &str = "\
@@ -291,6 +292,12 @@ enum Command {
         #[arg(long, default_value_t = 200_000,
               value_parser = clap::value_parser!(u64).range(1..=MAX_BENCH_OPS))]
         ops: u64,
+        /// The clock of the stat logs' time stamps: tsc (the invariant TSC
+        /// behind an lfence, where the machine has one the kernel keeps as
+        /// its clock; else the monotonic clock) or monotonic. Default: tsc.
+        /// Each JSON line names the clock used.
+        #[arg(long, value_enum, default_value_t = run::Clock::Tsc)]
+        clock: run::Clock,
     },
 }
 
@@ -348,7 +355,8 @@ fn main() -> ExitCode {
             device,
             threads,
             ops,
-        } => run::threads_cmd(&device, &threads, ops),
+            clock,
+        } => run::threads_cmd(&device, &threads, ops, clock),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -265,9 +265,32 @@ pub fn indented_error(e: &Error) -> String {
     out
 }
 
+/// The clock `cachalot threads --clock` asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Clock {
+    /// The invariant TSC behind an `lfence` (the monotonic clock where
+    /// there is none).
+    Tsc,
+    /// The monotonic clock.
+    Monotonic,
+}
+
 /// `cachalot threads`: the multi-thread benchmark, one fresh allocator per
-/// thread count, one JSON line each (`cca_threads.cpp`'s fields).
-pub fn threads_cmd(opts: &DeviceOpts, threads: &[usize], ops: u64) -> Result<(), CliError> {
+/// thread count, one JSON line each (`cca_threads.cpp`'s fields, then
+/// `clock`: the stat logs' clock, `tsc` or `monotonic`).
+pub fn threads_cmd(
+    opts: &DeviceOpts,
+    threads: &[usize],
+    ops: u64,
+    clock: Clock,
+) -> Result<(), CliError> {
+    use cachalot::core::clock::{self, Source};
+    // before any allocator stamps (the source is fixed at the first stamp)
+    let want = match clock {
+        Clock::Tsc => Source::Tsc,
+        Clock::Monotonic => Source::Monotonic,
+    };
+    let source = clock::prefer(want).map_err(|e| CliError::failure(e.to_string()))?;
     let setup = Setup::new(opts)?;
     for &t in threads {
         // clap bounds the count; checked again for a direct caller
@@ -281,7 +304,12 @@ pub fn threads_cmd(opts: &DeviceOpts, threads: &[usize], ops: u64) -> Result<(),
         let r = dev
             .threads_bench(t, ops)
             .map_err(failure(&format!("running {t} threads")))?;
-        print_out(&format!("{}\n", r.to_json()))?;
+        let mut line = r.to_json();
+        if line.ends_with('}') {
+            line.pop();
+            line.push_str(&format!(",\"clock\":\"{}\"}}", source.name()));
+        }
+        print_out(&format!("{line}\n"))?;
     }
     Ok(())
 }

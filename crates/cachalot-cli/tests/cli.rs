@@ -767,6 +767,7 @@ fn bad_numeric_arguments_are_usage_errors() {
             "18446744073709551615",
         ),
         (&["threads", "--ops", "1e9"], "1e9"),
+        (&["threads", "--clock", "rdtsc"], "rdtsc"),
         (
             &["plot", "hit_1mib", "-o", svg, "--width", "4294967295"],
             "4294967295",
@@ -1067,6 +1068,46 @@ fn fit_finds_the_smallest_device_per_policy() {
     assert_usage_error(&run(&["fit", &t, "--passes", "0"]), "'0'");
     assert_usage_error(&run(&["fit", &t, "--config", "bogus:1"]), "bogus");
     assert_usage_error(&run(&["fit", "missing.trace"]), "missing.trace");
+}
+
+/// `threads --clock`: each JSON line names the stat logs' clock; asked
+/// for, the monotonic clock is used; the TSC where this machine has an
+/// invariant one that the kernel keeps as its clock, else the monotonic.
+#[test]
+fn threads_name_their_clock() {
+    let tsc_here = std::fs::read_to_string("/proc/cpuinfo")
+        .is_ok_and(|c| c.split_whitespace().any(|w| w == "nonstop_tsc"))
+        && cfg!(target_arch = "x86_64")
+        && std::fs::read_to_string(
+            "/sys/devices/system/clocksource/clocksource0/current_clocksource",
+        )
+        .is_ok_and(|s| s.trim() == "tsc");
+    for (flag, want) in [
+        ("monotonic", "monotonic"),
+        ("tsc", if tsc_here { "tsc" } else { "monotonic" }),
+    ] {
+        let o = run(&[
+            "threads",
+            "--backend",
+            "mock",
+            "--threads",
+            "1,2",
+            "--ops",
+            "2000",
+            "--clock",
+            flag,
+        ]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let lines: Vec<serde_json::Value> = stdout(&o)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2);
+        for j in lines {
+            assert_eq!(j["clock"], want, "{j}");
+            assert!(j["mops_per_s"].as_f64().unwrap() > 0.0, "{j}");
+        }
+    }
 }
 
 /// Many streams (issue 39): one 82 MiB block on each of 200 streams, as

@@ -4,8 +4,10 @@
 //! clock the way the engine stamps a logged operation (`Instant`, then
 //! nanoseconds since a start), N times (`CLOCK_READS`, default 2,000,000);
 //! then the same threads each `fetch_add` one shared counter (the ordered
-//! stamp without a clock). Prints one JSON line per thread count: ns per
-//! read on each thread (median over threads) for both.
+//! stamp without a clock); then the stamp the engine takes now
+//! (`cachalot_clock::stamp`: the fenced TSC where usable, else the
+//! monotonic clock). Prints one JSON line per thread count: ns per read on
+//! each thread (median over threads) for each, and the stamp's source.
 //!
 //! Run: `cargo run --release -p cachalot-core --example clock_scaling [1,2,8,16]`.
 
@@ -56,6 +58,10 @@ fn main() {
         let t = t.clamp(1, 256);
         let clock = per_thread(t, n, move || base.elapsed().as_nanos() as u64);
         let counter = per_thread(t, n, || SHARED.fetch_add(1, Ordering::Relaxed));
-        println!("{{\"threads\":{t},\"clock_ns\":{clock:.1},\"shared_counter_ns\":{counter:.1}}}");
+        let stamp = per_thread(t, n, cachalot_core::clock::stamp);
+        println!(
+            "{{\"threads\":{t},\"clock_ns\":{clock:.1},\"shared_counter_ns\":{counter:.1},\"stamp_ns\":{stamp:.1},\"stamp_source\":\"{}\"}}",
+            cachalot_core::clock::source().name()
+        );
     }
 }

@@ -12,6 +12,10 @@
 #![forbid(unsafe_code)]
 
 pub mod backend;
+/// The stat logs' time stamp (`cachalot-clock`): its source can be chosen
+/// before the first stamp ([`clock::prefer`]), as `cachalot threads
+/// --clock` does.
+pub use cachalot_clock as clock;
 pub mod config;
 pub mod error;
 #[cfg(any(test, feature = "fuzzing"))]

@@ -11,7 +11,9 @@
 //! every current, every cumulative count and every peak is what the
 //! unsharded engine would have computed for that order of the operations.
 //! The order is real time: a stamp is taken under the shard's lock, from
-//! the monotonic clock, so an operation that ends before another begins has
+//! a clock shared by the threads (`cachalot-clock`: the invariant TSC
+//! behind an `lfence`, else the monotonic clock), so an operation that
+//! ends before another begins has
 //! the smaller stamp (operations that overlap may be put in either order:
 //! both orders are possible histories). While one shard alone is out
 //! (`Logging::Solo`) no other shard can change a stat, and the shard
@@ -232,16 +234,16 @@ thread_local! {
     static LAST: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-/// A time stamp (nanoseconds of the monotonic clock since the first stamp
-/// of the process, plus one; never 0), strictly above this thread's last.
+/// A time stamp ([`cachalot_clock::stamp`]: the invariant TSC behind an
+/// `lfence` where it orders stamps across threads, else nanoseconds of the
+/// monotonic clock; counted from the process's first stamp, never 0),
+/// strictly above this thread's last. A stamp taken after this thread saw
+/// another thread's operation (through a lock, an atomic, a barrier) is
+/// above that operation's stamp.
 #[cfg(not(feature = "shuttle"))]
 #[inline]
 pub(crate) fn now() -> u64 {
-    use std::sync::OnceLock;
-    use std::time::Instant;
-    static BASE: OnceLock<Instant> = OnceLock::new();
-    let base = *BASE.get_or_init(Instant::now);
-    let t = base.elapsed().as_nanos() as u64 + 1;
+    let t = cachalot_clock::stamp();
     LAST.with(|c| {
         let v = t.max(c.get() + 1);
         c.set(v);
@@ -637,8 +639,8 @@ impl<N: Num> Window<N> {
 const IDX_BITS: u32 = (2 * SHARDS).trailing_zeros();
 
 /// The merge key of a log's head: stamp, then index, in one word (a stamp
-/// is below 2^59 for 18 years of a process; later ones compare as equal,
-/// and then by index).
+/// is below 2^59 for 18 years of a process in nanoseconds, 3.6 years in
+/// ticks of a 5 GHz TSC; later ones compare as equal, and then by index).
 #[inline(always)]
 fn key(ts: u64, idx: usize) -> u64 {
     (ts.min(u64::MAX >> IDX_BITS) << IDX_BITS) | idx as u64
