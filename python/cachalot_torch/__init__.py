@@ -181,7 +181,8 @@ def empty_cache(device=None) -> None:
 
 def set_allocator_settings(config: str) -> None:
     """Applies a configuration string now (every device, and devices used
-    later); torch.cuda.memory._set_allocator_settings does not reach cachalot."""
+    later). In shim mode torch.cuda.memory._set_allocator_settings reaches
+    cachalot too (after PyTorch's own parser has checked the string)."""
     _capi.check(load().cachalot_set_config(config.encode()))
 
 

@@ -7,10 +7,9 @@
 // by cachalot_torch/_build.py (the vtable is not a stable ABI).
 //
 // Typed errors a user sees:
-//   out of memory                    -> torch.OutOfMemoryError (cachalot's report)
-//   MemPool with its own allocator, use_on_oom,
-//   no_split, caching_allocator_enable(False), trace trackers
-//                                    -> NotImplementedError ("cachalot does not support ...")
+//   out of memory                    -> torch.OutOfMemoryError (PyTorch's text,
+//                                       then cachalot's report)
+//   a settings string cachalot refuses -> ValueError ("cachalot: ...")
 //   anything else cachalot refuses   -> RuntimeError ("cachalot: <call>: <message>")
 //
 // Memory history (namespace hist): PyTorch's recordHistory hands over a
@@ -25,11 +24,14 @@
 // allocation and free while the thread's profiler records memory.
 
 #include <c10/core/Allocator.h>
+#include <c10/core/AllocatorConfig.h>
+#include <c10/cuda/CUDAAllocatorConfig.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/util/ApproximateClock.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <c10/util/ApproximateClock.h>
 #include <c10/util/Exception.h>
 #include <cuda_runtime_api.h>
 
@@ -42,6 +44,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "cachalot.h"
@@ -63,10 +66,6 @@ std::string last_error() {
     TORCH_CHECK(rc_ == CACHALOT_OK, "cachalot: ", last_error(), " (code ", \
                 rc_, ")");                                                \
   } while (0)
-
-#define CACHALOT_UNSUPPORTED(what)                                         \
-  TORCH_CHECK_NOT_IMPLEMENTED(false, "cachalot does not support ", what,  \
-                              " (see docs/pytorch-shim.md)")
 
 // ----- memory history: contexts -----
 namespace hist {
@@ -201,6 +200,127 @@ void fill(Stat& d, const cachalot_stat_t& s) {
 
 void fill3(c10::CachingDeviceAllocator::StatArray& d, const cachalot_stat_t* s) {
   for (size_t i = 0; i < 3; ++i) fill(d[i], s[i]);
+}
+
+// ----- a pool backed by a user's allocator (MemPool(allocator=...)) -----
+// cachalot calls these with its device lock held, on the allocating thread
+// (PyTorch's CUDAPluggableAllocator reads the current device and stream);
+// the context keeps the user's allocator alive until the pool is deleted.
+using UserAllocator = std::shared_ptr<CCA::CUDAAllocator>;
+
+void copy_err(char* err, size_t len, const char* m) {
+  if (err && len) std::snprintf(err, len, "%s", m);
+}
+
+int source_alloc(void* ctx, size_t size, uint64_t* addr, char* err, size_t errlen) {
+  try {
+    *addr = reinterpret_cast<uint64_t>((*static_cast<UserAllocator*>(ctx))->raw_alloc(size));
+    return 0;
+  } catch (const std::exception& e) {
+    copy_err(err, errlen, e.what());
+    return 1;
+  }
+}
+
+int source_free(void* ctx, uint64_t addr, size_t, char* err, size_t errlen) {
+  try {
+    (*static_cast<UserAllocator*>(ctx))->raw_delete(reinterpret_cast<void*>(addr));
+    return 0;
+  } catch (const std::exception& e) {
+    copy_err(err, errlen, e.what());
+    return 1;
+  }
+}
+
+void source_release(void* ctx) { delete static_cast<UserAllocator*>(ctx); }
+
+// ----- allocator trace trackers (NCCL's buffer registration) -----
+// cachalot calls on_segment for every segment event of every device, with
+// its device lock held; each tracker PyTorch attached gets a TraceEntry.
+std::mutex g_trackers_mu;
+std::vector<CCA::AllocatorTraceTracker> g_trackers;
+
+void on_segment(void*, const cachalot_segment_event_t* e) {
+  using c10::CachingDeviceAllocator::TraceEntry;
+  std::vector<CCA::AllocatorTraceTracker> ts;
+  {
+    std::lock_guard<std::mutex> g(g_trackers_mu);
+    ts = g_trackers;
+  }
+  c10::approx_time_t now = c10::getApproximateTime();
+  TraceEntry te(static_cast<TraceEntry::Action>(e->action), static_cast<c10::DeviceIndex>(e->device),
+                e->addr, e->size, reinterpret_cast<void*>(e->stream), {e->pool_hi, e->pool_lo}, now);
+  for (auto& t : ts) {
+    try {
+      t(te);
+    } catch (const std::exception& ex) {
+      // a callback under cachalot's lock cannot throw through it
+      std::fprintf(stderr, "cachalot: an allocator trace tracker threw: %s\n", ex.what());
+    }
+  }
+}
+
+// ----- settings set from Python -----
+// torch.cuda.memory._set_allocator_settings (torch._C._accelerator_
+// setAllocatorSettings) parses into PyTorch's config singletons and calls
+// one device parser hook. Chained after PyTorch's own, ours forwards every
+// string PyTorch accepted to cachalot at once; the keys only cachalot
+// knows are registered with PyTorch's parsers so that they pass there
+// (in PYTORCH_CUDA_ALLOC_CONF too).
+void forward_settings(const std::string& env) {
+  if (cachalot_set_config(env.c_str()) != CACHALOT_OK) {
+    TORCH_CHECK_VALUE(false, "cachalot: ", last_error());
+  }
+}
+
+void install_settings_hook() {
+  using c10::CachingAllocator::AcceleratorAllocatorConfig;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    std::unordered_set<std::string> mine;
+    const auto& known = AcceleratorAllocatorConfig::getKeys();
+    const char* keys = cachalot_config_keys();
+    std::string all = keys ? keys : "";
+    size_t at = 0;
+    while (at <= all.size()) {
+      size_t comma = all.find(',', at);
+      if (comma == std::string::npos) comma = all.size();
+      std::string k = all.substr(at, comma - at);
+      if (!k.empty() && known.count(k) == 0) mine.insert(k);
+      at = comma + 1;
+    }
+    auto prev = AcceleratorAllocatorConfig::getConfigParserHook();
+    AcceleratorAllocatorConfig::registerDeviceConfigParserHook(
+        [prev](const std::string& env) {
+          if (prev) prev(env);
+          forward_settings(env);
+        },
+        mine);
+    // PyTorch parses PYTORCH_CUDA_ALLOC_CONF on first use of each config:
+    // now, while the allocator is still PyTorch's (its `backend:` check
+    // compares with the current allocator's name)
+    (void)c10::CachingAllocator::getAllocatorSettings();
+    (void)c10::cuda::CUDACachingAllocator::CUDAAllocatorConfig::release_lock_on_cudamalloc();
+  });
+}
+
+// What _snapshot()["allocator_settings"] shows: cachalot's configuration
+// (devices in use or not), and PyTorch's for the pinned keys (they
+// configure PyTorch's host allocator, which cachalot does not replace).
+void fill_settings(CCA::AllocatorConfigInfo& c) {
+  c10::DeviceIndex device = 0;
+  (void)c10::cuda::GetDevice(&device);
+  cachalot_config_info_t k;
+  CACHALOT_CHECK(cachalot_current_config(device, &k));
+  c.garbage_collection_threshold = k.garbage_collection_threshold;
+  c.max_split_size = static_cast<size_t>(k.max_split_size);
+  c.expandable_segments = k.expandable_segments != 0;
+  c.release_lock_on_malloc = false;  // cachalot keeps its lock (the key is ignored)
+  c.graph_capture_record_stream_reuse = k.graph_capture_record_stream_reuse != 0;
+  c.last_allocator_settings = k.last_config ? k.last_config : "";
+  c.roundup_power2_divisions.assign(k.roundup_power2_divisions, k.roundup_power2_divisions + 16);
+  c.pinned_num_register_threads = CCA::CUDAAllocatorConfig::pinned_num_register_threads();
+  c.pinned_use_host_register = CCA::CUDAAllocatorConfig::pinned_use_cuda_host_register();
 }
 
 // A use_mem_pool-style pool context: PyTorch's filter, evaluated here at
@@ -394,10 +514,12 @@ class CachalotAllocator final : public CCA::CUDAAllocator {
   std::vector<CCA::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex) override {
     return {};
   }
-  void enable(bool value) override {
-    if (!value) CACHALOT_UNSUPPORTED("caching_allocator_enable(False)");
+  void enable(bool value) override { CACHALOT_CHECK(cachalot_caching_enable(value ? 1 : 0)); }
+  bool isEnabled() const override {
+    int on = 1;
+    CACHALOT_CHECK(cachalot_caching_enabled(&on));
+    return on != 0;
   }
-  bool isEnabled() const override { return true; }
   void cacheInfo(c10::DeviceIndex device, size_t* largestBlock) override {
     CACHALOT_CHECK(cachalot_cache_info(device, largestBlock));
   }
@@ -455,14 +577,21 @@ class CachalotAllocator final : public CCA::CUDAAllocator {
   }
   void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t id,
                           std::shared_ptr<CCA::CUDAAllocator> allocator) override {
-    if (allocator) CACHALOT_UNSUPPORTED("torch.cuda.MemPool(allocator=...) (a pool backed by another allocator)");
-    CACHALOT_CHECK(cachalot_pool_create_or_incref(device, id.first, id.second));
+    if (!allocator) {
+      CACHALOT_CHECK(cachalot_pool_create_or_incref(device, id.first, id.second));
+      return;
+    }
+    // every segment of the pool from the user's allocator; cachalot
+    // releases the context (and with it the allocator) when the pool goes
+    auto* ctx = new UserAllocator(std::move(allocator));
+    CACHALOT_CHECK(cachalot_pool_create_with_source(device, id.first, id.second, &source_alloc,
+                                                    &source_free, &source_release, ctx));
   }
-  void setUseOnOOM(c10::DeviceIndex, c10::MempoolId_t, bool use_on_oom) override {
-    if (use_on_oom) CACHALOT_UNSUPPORTED("torch.cuda.MemPool(use_on_oom=True)");
+  void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t id, bool use_on_oom) override {
+    CACHALOT_CHECK(cachalot_pool_set_use_on_oom(device, id.first, id.second, use_on_oom ? 1 : 0));
   }
-  void setNoSplit(c10::DeviceIndex, c10::MempoolId_t) override {
-    CACHALOT_UNSUPPORTED("torch.cuda.MemPool(no_split=True)");
+  void setNoSplit(c10::DeviceIndex device, c10::MempoolId_t id) override {
+    CACHALOT_CHECK(cachalot_pool_set_no_split(device, id.first, id.second));
   }
   bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t id,
                                 const std::unordered_set<void*>& expected) override {
@@ -492,8 +621,14 @@ class CachalotAllocator final : public CCA::CUDAAllocator {
     std::lock_guard<std::mutex> g(obs_mu_);
     observers_.push_back(std::move(observer));
   }
-  void attachAllocatorTraceTracker(CCA::AllocatorTraceTracker) override {
-    CACHALOT_UNSUPPORTED("allocator trace trackers (TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK)");
+  void attachAllocatorTraceTracker(CCA::AllocatorTraceTracker tracker) override {
+    bool first = false;
+    {
+      std::lock_guard<std::mutex> g(g_trackers_mu);
+      first = g_trackers.empty();
+      g_trackers.push_back(std::move(tracker));
+    }
+    if (first) CACHALOT_CHECK(cachalot_attach_segment_tracker(&on_segment, nullptr));
   }
   void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override {
     c10::cuda::CUDAGuard guard(dev);
@@ -554,10 +689,11 @@ class CachalotAllocator final : public CCA::CUDAAllocator {
     if (rc == CACHALOT_ERR_OUT_OF_MEMORY || rc == CACHALOT_ERR_NEVER_FITS) {
       profile::report_oom(device, size);
       notify_oom(device, size);
-      // drop the "cachalot_alloc: " prefix: the report follows
+      // drop the "cachalot_alloc: " prefix: PyTorch's text comes first,
+      // then cachalot's report
       auto colon = msg.find(": ");
       if (colon != std::string::npos) msg = msg.substr(colon + 2);
-      TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory (cachalot). ", msg);
+      TORCH_CHECK_WITH(OutOfMemoryError, false, msg);
     }
     TORCH_CHECK(false, "cachalot: ", msg, " (code ", rc, ")");
   }
@@ -609,7 +745,6 @@ CCA::SnapshotInfo CachalotAllocator::snapshot(c10::MempoolId_t id, bool include_
   TORCH_CHECK(n >= 0, "cachalot: ", last_error());
   // one list per device with traces; none without (as PyTorch)
   if (include_traces) out.device_traces.resize(n);
-  bool have_config = false;
   for (int d = 0; d < n; ++d) {
     cachalot_snapshot_t* s = nullptr;
     CACHALOT_CHECK(cachalot_snapshot(d, id.first, id.second, include_traces ? 1 : 0, &s));
@@ -661,21 +796,8 @@ CCA::SnapshotInfo CachalotAllocator::snapshot(c10::MempoolId_t id, bool include_
         out.external_annotations.push_back(std::move(ae));
       }
     }
-    if (!have_config) {
-      auto& c = out.config_metadata;
-      c.garbage_collection_threshold = s->garbage_collection_threshold;
-      c.max_split_size = static_cast<size_t>(s->max_split_size);
-      c.pinned_num_register_threads = 1;
-      c.expandable_segments = s->expandable_segments != 0;
-      c.release_lock_on_malloc = false;
-      c.pinned_use_host_register = false;
-      c.graph_capture_record_stream_reuse = s->graph_capture_record_stream_reuse != 0;
-      c.last_allocator_settings = s->last_config ? s->last_config : "";
-      c.roundup_power2_divisions.assign(s->roundup_power2_divisions,
-                                        s->roundup_power2_divisions + 16);
-      have_config = true;
-    }
   }
+  fill_settings(out.config_metadata);
   return out;
 }
 
@@ -757,6 +879,7 @@ extern "C" int cachalot_torch_install(const char* config, char* err, size_t errl
       copy_msg(err, errlen, last_error());
       return 2;
     }
+    install_settings_hook();
     if (!g_allocator) g_allocator = new CachalotAllocator();
     CCA::allocator.store(g_allocator);
     c10::SetAllocator(c10::DeviceType::CUDA, g_allocator, /*priority=*/0);

@@ -336,6 +336,72 @@ int cachalot_ipc_open(int device, const uint8_t *handle, size_t handle_len, void
 /* One user less of what cachalot_ipc_open opened at ptr; the last unmaps. */
 int cachalot_ipc_close(int device, const void *ptr);
 
+/* ----- pools with options, the cache off, segment trackers ----- */
+
+/* A pool's user allocator (PyTorch's MemPool(allocator=...)): alloc writes a
+ * segment's address (0: none now, out of memory) and returns 0, or returns
+ * non-zero with a NUL-terminated message in err[errlen]; free likewise;
+ * release is called once when cachalot no longer needs ctx. All are called
+ * from any thread with cachalot's device lock held: never call cachalot
+ * from them. */
+typedef int (*cachalot_source_alloc_fn)(void *ctx, size_t size, uint64_t *addr,
+                                        char *err, size_t errlen);
+typedef int (*cachalot_source_free_fn)(void *ctx, uint64_t addr, size_t size,
+                                       char *err, size_t errlen);
+typedef void (*cachalot_source_release_fn)(void *ctx);
+
+/* Creates private pool (pool_hi, pool_lo) with one use, every segment from
+ * alloc_fn, back through free_fn (never expandable segments). release_fn
+ * (may be NULL) runs once when the pool is deleted, or before an error
+ * returns. A pool that exists already is an error. */
+int cachalot_pool_create_with_source(int device, uint64_t pool_hi, uint64_t pool_lo,
+                                     cachalot_source_alloc_fn alloc_fn,
+                                     cachalot_source_free_fn free_fn,
+                                     cachalot_source_release_fn release_fn, void *ctx);
+/* PyTorch's setUseOnOOM: while on, default-pool allocations that find no
+ * memory take the pool's cached free blocks (same stream) before the cache
+ * is released. Off for an unknown pool is a no-op. */
+int cachalot_pool_set_use_on_oom(int device, uint64_t pool_hi, uint64_t pool_lo, int on);
+/* PyTorch's setNoSplit: the pool's blocks are never split. */
+int cachalot_pool_set_no_split(int device, uint64_t pool_hi, uint64_t pool_lo);
+
+/* torch.cuda.caching_allocator_enable: off, cachalot_alloc and
+ * cachalot_alloc_in_pool give each request a device allocation of its own
+ * (no stats, no pools), freed by cachalot_raw_delete at once, ignored by
+ * cachalot_record_stream. PYTORCH_NO_CUDA_MEMORY_CACHING set: off at start. */
+int cachalot_caching_enable(int enabled);
+int cachalot_caching_enabled(int *out);
+
+/* A segment event: action 3 segment_alloc (after the memory is obtained),
+ * 4 segment_free (before it is returned), 5 segment_map, 6 segment_unmap. */
+typedef struct {
+  int32_t action, device;
+  uint64_t addr, size, stream;
+  uint64_t pool_hi, pool_lo; /* owning pool; (0, 0): the default pools */
+} cachalot_segment_event_t;
+typedef void (*cachalot_segment_tracker_fn)(void *ctx, const cachalot_segment_event_t *e);
+
+/* Attaches a tracker called with ctx for every segment event of every device
+ * (from any thread, with cachalot's device lock held: never call cachalot
+ * from it). Trackers are never detached; at most 1024. */
+int cachalot_attach_segment_tracker(cachalot_segment_tracker_fn callback, void *ctx);
+
+/* Every configuration key cachalot accepts, comma-separated (a static
+ * string). */
+const char *cachalot_config_keys(void);
+
+/* The configuration in force on device (its allocator's, else the one it
+ * would start with now): what _snapshot()["allocator_settings"] shows.
+ * last_config is valid until the calling thread's next call. */
+typedef struct {
+  uint64_t max_split_size; /* UINT64_MAX: unlimited */
+  double garbage_collection_threshold;
+  int32_t expandable_segments, graph_capture_record_stream_reuse;
+  uint64_t roundup_power2_divisions[16];
+  const char *last_config;
+} cachalot_config_info_t;
+int cachalot_current_config(int device, cachalot_config_info_t *out);
+
 #ifdef __cplusplus
 }
 #endif

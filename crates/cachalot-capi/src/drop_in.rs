@@ -122,6 +122,27 @@ fn capture_failure(message: String) -> Failure {
     }
 }
 
+// ----- the drop-in's other parts, one file each -----
+
+mod oom_text;
+mod pool_source;
+mod settings;
+mod trackers;
+mod uncached;
+
+pub use oom_text::{OVER_1EB, pytorch_text};
+pub use pool_source::{
+    SourceAllocFn, SourceFreeFn, SourceReleaseFn, cachalot_pool_create_with_source,
+    cachalot_pool_set_no_split, cachalot_pool_set_use_on_oom,
+};
+pub use settings::{CachalotConfigInfo, cachalot_config_keys, cachalot_current_config};
+pub(crate) use trackers::install as install_trackers;
+pub use trackers::{
+    CachalotSegmentEvent, MAX_TRACKERS, TrackerFn, cachalot_attach_segment_tracker,
+};
+pub(crate) use uncached::is_uncached;
+pub use uncached::{cachalot_caching_enable, cachalot_caching_enabled};
+
 // ----- allocation -----
 
 /// Allocates `size` bytes on `device` for use on `stream` and writes the
@@ -129,9 +150,12 @@ fn capture_failure(message: String) -> Failure {
 /// it returns a status code and prints nothing: on
 /// [`crate::CACHALOT_ERR_OUT_OF_MEMORY`] or
 /// [`crate::CACHALOT_ERR_NEVER_FITS`] the last error message
-/// ([`crate::cachalot_last_error`]) is cachalot's OOM report (PyTorch's
-/// fields, the largest free block per pool, cached bytes per stream, whether
-/// `empty_cache` would help).
+/// ([`crate::cachalot_last_error`]) is PyTorch's out-of-memory text
+/// ([`pytorch_text`]), then cachalot's report (the largest free block per
+/// pool, cached bytes per stream, whether `empty_cache` would help) on a
+/// line starting "cachalot: ". While the cache is off
+/// ([`cachalot_caching_enable`]) the memory is a device allocation of its
+/// own.
 ///
 /// # Safety
 /// `out` is NULL (an error) or valid for one pointer-sized write.
@@ -147,8 +171,12 @@ pub unsafe extern "C" fn cachalot_alloc(
             return Err(Failure::invalid("out is NULL"));
         }
         let dev = device_alloc(device)?;
-        let s = stream_of(dev, stream)?;
-        let addr = dev.raw_alloc(size as u64, s)?;
+        let addr = if size != 0 && uncached::off() {
+            uncached::alloc(dev, device, size as u64)?
+        } else {
+            let s = stream_of(dev, stream)?;
+            dev.raw_alloc(size as u64, s).map_err(oom_text::failure)?
+        };
         // SAFETY: non-NULL and, by the caller's contract, valid for writes.
         unsafe { out.write(std::ptr::with_exposed_provenance_mut(addr as usize)) };
         Ok(())
@@ -158,9 +186,12 @@ pub unsafe extern "C" fn cachalot_alloc(
 /// [`cachalot_alloc`] into the private pool `(pool_hi, pool_lo)`, which
 /// must have a use ([`cachalot_pool_create_or_incref`]) and no capture
 /// recording into it: the allocation a `torch.cuda.use_mem_pool` context
-/// makes. A pool with a capture recording into it is
+/// makes. The caller routes (PyTorch routes a context by thread): nothing
+/// is registered, so allocations of other threads, on any stream, never
+/// land in the pool. A pool with a capture recording into it is
 /// [`CACHALOT_ERR_CAPTURE`]; so is the default pool `(0, 0)` and a pool
-/// without a use.
+/// without a use. While the cache is off the memory is a device allocation
+/// of its own, in no pool.
 ///
 /// # Safety
 /// `out` is NULL (an error) or valid for one pointer-sized write.
@@ -180,8 +211,13 @@ pub unsafe extern "C" fn cachalot_alloc_in_pool(
         let id = pool_id(pool_hi, pool_lo);
         check_private(id)?;
         let dev = device_alloc(device)?;
+        if size != 0 && uncached::off() {
+            let addr = uncached::alloc(dev, device, size as u64)?;
+            // SAFETY: non-NULL and, by the caller's contract, valid for writes.
+            unsafe { out.write(std::ptr::with_exposed_provenance_mut(addr as usize)) };
+            return Ok(());
+        }
         let key = (dev.index(), id);
-        let _g = IN_POOL.lock();
         let (uses, recording) = book(|b| {
             (
                 b.uses.get(&key).copied().unwrap_or(0),
@@ -198,20 +234,10 @@ pub unsafe extern "C" fn cachalot_alloc_in_pool(
                 "mempool {id:?} is recording a graph capture"
             )));
         }
-        // The engine routes by registered filter: register this one stream
-        // for the pool, allocate, unregister, and drop the use the
-        // registration took. The pool keeps the use the caller holds, so
-        // nothing is released in between.
         let addr = typed!(dev, |a, to_stream| {
             let s = to_stream(stream)?;
-            a.begin_allocate_to_pool(id, PoolFilter::Streams(vec![s]))?;
-            let r = a.allocate(size as u64, s);
-            let end = a.end_allocate_to_pool(id);
-            let rel = a.release_pool(id);
-            let addr = r?;
-            end?;
-            rel?;
-            Ok::<u64, Failure>(addr)
+            a.allocate_in_pool(id, size as u64, s)
+                .map_err(oom_text::failure)
         })?;
         // SAFETY: non-NULL and, by the caller's contract, valid for writes.
         unsafe { out.write(std::ptr::with_exposed_provenance_mut(addr as usize)) };
@@ -228,7 +254,7 @@ pub unsafe extern "C" fn cachalot_alloc_in_pool(
 pub extern "C" fn cachalot_raw_delete(ptr: *mut c_void, device_hint: c_int) -> c_int {
     status("cachalot_raw_delete", || {
         let addr = ptr.addr() as u64;
-        if addr == 0 {
+        if addr == 0 || uncached::free(addr)? {
             return Ok(());
         }
         // no heap allocation on this path: it is every tensor's deleter
@@ -538,13 +564,9 @@ pub extern "C" fn cachalot_pool_create_or_incref(
         check_private(id)?;
         let dev = device_alloc(device)?;
         let _g = IN_POOL.lock();
-        typed!(dev, |a, _s| {
-            // registering an empty filter takes a use and routes nothing;
-            // unregistering keeps the use
-            a.begin_allocate_to_pool(id, PoolFilter::Streams(Vec::new()))?;
-            a.end_allocate_to_pool(id)?;
-            Ok::<(), Failure>(())
-        })?;
+        typed!(dev, |a, _s| Ok::<(), Failure>(
+            a.create_or_incref_pool(id, None)?
+        ))?;
         book(|b| *b.uses.entry((dev.index(), id)).or_insert(0) += 1);
         Ok(())
     })

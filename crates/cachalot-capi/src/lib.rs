@@ -294,6 +294,7 @@ fn device_alloc(device: c_int) -> Result<&'static DeviceAllocator, Failure> {
         a.set_config(&c)?;
     }
     history::on_new_allocator(&a);
+    drop_in::install_trackers(&a);
     Ok(slot.get_or_init(|| a))
 }
 
@@ -461,6 +462,10 @@ pub extern "C" fn cachalot_record_stream(
 ) -> c_int {
     status("cachalot_record_stream", || {
         let addr = ptr.addr() as u64;
+        if drop_in::is_uncached(addr) {
+            // allocated while the cache was off: freed by the device at once
+            return Ok(());
+        }
         let dev = existing_alloc(device)?.ok_or(Error::UnknownPointer(addr))?;
         let s = stream_of(dev, stream)?;
         Ok(dev.record_stream(addr, s)?)

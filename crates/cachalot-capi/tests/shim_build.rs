@@ -85,24 +85,48 @@ fn shim_builds_against_torch_and_runs_inside_it() {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-    // the driver: the shim inside torch's libraries, on the mock device
+    // the drivers (tests/shim_driver*.cpp, one process each): the shim
+    // inside torch's libraries, on the mock device
+    let mut drivers: Vec<PathBuf> = std::fs::read_dir(manifest.join("tests"))
+        .expect("the tests folder")
+        .map(|e| e.expect("a tests entry").path())
+        .filter(|p| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            name.starts_with("shim_driver") && name.ends_with(".cpp")
+        })
+        .collect();
+    drivers.sort();
+    assert!(!drivers.is_empty(), "no tests/shim_driver*.cpp");
+    for source in drivers {
+        run_driver(&cxx, &torch, &cuda_inc, &cudart, &out, &source);
+    }
+}
+
+/// Builds driver `source` against torch, the shim `shim` and this crate's
+/// library, runs it on the mock, and checks it prints "shim driver: ok".
+fn run_driver(cxx: &str, torch: &Path, cuda_inc: &Path, cudart: &Path, shim: &Path, source: &Path) {
+    let out = shim;
     let lib = cdylib();
-    let driver = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cachalot_shim_driver");
-    let output = Command::new(&cxx)
+    let stem = source
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("driver");
+    let driver = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("cachalot_{stem}"));
+    let output = Command::new(cxx)
         .args(["-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror"])
         .arg("-isystem")
         .arg(torch.join("include"))
         .arg("-isystem")
-        .arg(&cuda_inc)
-        .arg(manifest.join("tests/shim_driver.cpp"))
+        .arg(cuda_inc)
+        .arg(source)
         .arg("-o")
         .arg(&driver)
-        .arg(&out)
+        .arg(out)
         .arg(&lib)
         .arg("-L")
         .arg(torch.join("lib"))
         .arg("-L")
-        .arg(&cudart)
+        .arg(cudart)
         .args([
             "-lc10",
             "-lc10_cuda",
@@ -113,10 +137,12 @@ fn shim_builds_against_torch_and_runs_inside_it() {
         .unwrap_or_else(|e| panic!("running {cxx}: {e}"));
     assert!(
         output.status.success(),
-        "building the driver failed:\n{}",
+        "building {} failed:\n{}",
+        source.display(),
         String::from_utf8_lossy(&output.stderr)
     );
-    let paths = std::env::join_paths([torch.join("lib"), cudart.clone()]).expect("library path");
+    let paths =
+        std::env::join_paths([torch.join("lib"), cudart.to_path_buf()]).expect("library path");
     let run = Command::new(&driver)
         .env("CACHALOT_TORCH_BACKEND", "mock")
         .env("LD_LIBRARY_PATH", paths)
@@ -127,7 +153,8 @@ fn shim_builds_against_torch_and_runs_inside_it() {
     let stdout = String::from_utf8_lossy(&run.stdout);
     assert!(
         run.status.success() && stdout.contains("shim driver: ok"),
-        "the driver failed ({}):\n{stdout}{}",
+        "{} failed ({}):\n{stdout}{}",
+        source.display(),
         run.status,
         String::from_utf8_lossy(&run.stderr)
     );

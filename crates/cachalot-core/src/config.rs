@@ -13,7 +13,11 @@
 //! A PyTorch user's `PYTORCH_CUDA_ALLOC_CONF` may name keys that belong to
 //! an allocator cachalot does not replace: `backend:cudaMallocAsync` (or
 //! `hipMallocAsync`, PyTorch's asynchronous backend) and the `pinned_*`
-//! keys of the pinned host-memory allocator. Their values are checked as
+//! keys of the pinned host-memory allocator; and
+//! `release_lock_on_cudamalloc:True`, a hint about lock holding that
+//! changes no result (cachalot keeps its device lock around the device
+//! allocation; cache hits on other streams take only their shard's lock).
+//! Their values are checked as
 //! PyTorch checks them (a malformed or out-of-range value is still a typed
 //! error), then ignored: [`AllocatorConfig::parse_with_warnings`] and its
 //! siblings return one [`ConfigWarning`] per ignored key, and
@@ -112,6 +116,10 @@ impl std::fmt::Display for ConfigWarning {
 /// Why `backend:cudaMallocAsync` is ignored.
 const OTHER_BACKEND: &str = "it selects PyTorch's cudaMallocAsync allocator; cachalot is the \
                              caching allocator (PyTorch's `native` backend)";
+/// Why `release_lock_on_cudamalloc:True` is ignored.
+const LOCK_HINT: &str = "it lets PyTorch's allocator drop its lock around cudaMalloc; cachalot \
+                         keeps its device lock there, and allocations served from the cache on \
+                         other streams do not wait for it (each stream's shard has its own lock)";
 /// Why the `pinned_*` keys are ignored.
 const HOST_ALLOCATOR: &str = "it configures PyTorch's pinned host-memory allocator, which \
                               cachalot does not replace";
@@ -172,7 +180,8 @@ pub struct AllocatorConfig {
     /// Whether a config string gave `expandable_segments` (then
     /// [`Self::expandable_segments`] is what it said).
     pub expandable_segments_given: bool,
-    /// Release the allocator lock around device allocation calls.
+    /// Release the allocator lock around device allocation calls: always
+    /// false (`release_lock_on_cudamalloc:True` is checked and ignored).
     pub release_lock_on_device_malloc: bool,
     /// Reuse during graph capture.
     pub graph_capture_record_stream_reuse: CaptureReuse,
@@ -878,11 +887,9 @@ impl AllocatorConfig {
             "release_lock_on_cudamalloc"
             | "release_lock_on_hipmalloc"
             | "release_lock_on_device_malloc" => {
-                self.release_lock_on_device_malloc = not_yet(
-                    key,
-                    v,
-                    "cachalot holds its lock across the device allocation",
-                )?
+                // a hint about lock holding, which changes no result:
+                // checked as PyTorch checks it, then ignored
+                return Ok(parse_bool(key, v)?.then_some(LOCK_HINT));
             }
             "graph_capture_record_stream_reuse" => {
                 self.graph_capture_record_stream_reuse = match v {
@@ -1225,13 +1232,7 @@ mod tests {
             ("placement", "pytorch"),
             ("expandable_segments", "True"),
         ];
-        let refused: &[&str] = &[
-            "release_lock_on_cudamalloc",
-            "release_lock_on_hipmalloc",
-            "release_lock_on_device_malloc",
-            "throw_on_cudamalloc_oom",
-            "throw_on_device_malloc_oom",
-        ];
+        let refused: &[&str] = &["throw_on_cudamalloc_oom", "throw_on_device_malloc_oom"];
         // (key, PyTorch's default, a value valid for PyTorch that cachalot ignores)
         let ignored: &[(&str, &str, &str)] = &[
             ("backend", "native", "cudaMallocAsync"),
@@ -1241,6 +1242,9 @@ mod tests {
             ("pinned_use_background_threads", "False", "True"),
             ("pinned_num_register_threads", "1", "8"),
             ("pinned_reserve_segment_size_mb", "", "8"),
+            ("release_lock_on_cudamalloc", "False", "True"),
+            ("release_lock_on_hipmalloc", "False", "True"),
+            ("release_lock_on_device_malloc", "False", "True"),
         ];
         let bare = |c: AllocatorConfig| AllocatorConfig {
             last_config_string: String::new(),

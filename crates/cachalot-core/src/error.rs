@@ -316,6 +316,9 @@ pub enum Error {
         requested: u64,
         /// Why.
         reason: String,
+        /// The allocator's report, when the request went through the
+        /// out-of-memory ladder (none for a request of 2^60 bytes or more).
+        report: Option<Box<OomReport>>,
     },
     /// The pointer was never handed out by this allocator.
     #[error("invalid device pointer: {0:#x} was not allocated by this allocator")]

@@ -35,5 +35,8 @@ pub use error::{
 pub use stats::{DeviceStats, Stat, StatArray, StatType};
 
 pub mod engine;
-pub use engine::{CachingAllocator, PathCounts, PoolFilter, PoolId, graph_pool_handle};
+pub use engine::{
+    CachingAllocator, PathCounts, PoolFilter, PoolId, SegmentEvent, SegmentSource, SegmentTracker,
+    graph_pool_handle,
+};
 pub mod replay;

@@ -24,6 +24,7 @@ mod invariants;
 mod ipc;
 mod locks;
 mod placement;
+mod pool_ops;
 mod pools;
 mod reclaim;
 pub mod rounding;
@@ -56,7 +57,8 @@ pub use history::{
 };
 pub use ipc::SharedMemory;
 use locks::{Padded, ShardLock};
-pub use pools::PoolId;
+pub use pool_ops::{SegmentEvent, SegmentTracker};
+pub use pools::{PoolId, SegmentSource};
 use shard::{SHARDS, Shard};
 pub use snapshot::{BlockSnapshot, BlockState, SegmentSnapshot, Snapshot};
 use state::{AllocOutcome, Inner};
@@ -218,6 +220,7 @@ impl<B: Backend> CachingAllocator<B> {
             return Err(Error::NeverFits {
                 requested: size,
                 reason: "tried to allocate more than 1EB memory".into(),
+                report: None,
             });
         }
         let key = shard::stream_key(self.id, &stream);
@@ -246,6 +249,7 @@ impl<B: Backend> CachingAllocator<B> {
                     Err(Error::NeverFits {
                         requested: size,
                         reason: report.to_string(),
+                        report: Some(report),
                     })
                 } else {
                     Err(Error::OutOfMemory(report))

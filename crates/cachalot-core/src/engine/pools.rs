@@ -1,13 +1,46 @@
 //! The pool registry: the default pool pair and the private pools of
-//! graph captures and `MemPool`s, their use counts, and private-pool
-//! deletion.
+//! graph captures and `MemPool`s, their use counts, their options (a
+//! segment source, `use_on_oom`, `no_split`), and private-pool deletion.
 #![forbid(unsafe_code)]
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use crate::engine::block::BlockId;
 use crate::engine::free_set::FreeSet;
-use crate::error::CaptureError;
+use crate::error::{BackendError, CaptureError, DeviceAllocError};
+
+/// Where the segments of a private pool come from instead of the backend:
+/// a user's allocator (PyTorch's `torch.cuda.MemPool(allocator=...)`,
+/// whose pool takes every segment from a `CUDAPluggableAllocator`'s
+/// functions). The engine calls it with its device lock held, for whole
+/// segments only (rounded as any segment of the pool), and never maps
+/// pages of such a pool (no expandable segments there). The pool holds the
+/// source until it is deleted, after its last segment went back.
+pub trait SegmentSource: Send + Sync {
+    /// A new segment of `size` bytes: its device address, aligned to 512
+    /// bytes and overlapping no other segment of the device.
+    /// [`DeviceAllocError::OutOfMemory`] when there is none now (the
+    /// allocation goes on down the out-of-memory ladder).
+    fn alloc(&self, size: u64) -> Result<u64, DeviceAllocError>;
+    /// Takes back segment `addr` of `size` bytes, which `alloc` gave.
+    fn free(&self, addr: u64, size: u64) -> Result<(), BackendError>;
+}
+
+/// What a private pool was created with and may be set to.
+#[derive(Clone, Default)]
+pub(crate) struct PoolOptions {
+    /// The pool's segments come from here (else from the backend).
+    pub source: Option<Arc<dyn SegmentSource>>,
+    /// The segments the source gave and has not taken back, by address:
+    /// their sizes.
+    pub sourced: BTreeMap<u64, u64>,
+    /// Allocations of the default pools may take this pool's cached free
+    /// blocks before the cache is released (PyTorch's `use_on_oom`).
+    pub use_on_oom: bool,
+    /// Blocks of this pool are never split (PyTorch's `no_split`).
+    pub no_split: bool,
+}
 
 /// Index of a pool pair; 0 is the default pool pair.
 pub(crate) type PoolIdx = u32;
@@ -45,6 +78,8 @@ pub(crate) struct PoolPair<S> {
     use_count: u32,
     /// Segments owned by the pool.
     segments: u32,
+    /// The pool's options.
+    pub options: PoolOptions,
 }
 
 impl<S> PoolPair<S> {
@@ -55,7 +90,14 @@ impl<S> PoolPair<S> {
             large: BlockPool::default(),
             use_count: 1,
             segments: 0,
+            options: PoolOptions::default(),
         }
+    }
+
+    /// Whether the pool is held (a use count above zero; the default pool
+    /// always is).
+    pub fn in_use(&self) -> bool {
+        self.use_count > 0
     }
 
     /// The pool's id.
@@ -186,6 +228,27 @@ impl<S> Pools<S> {
     #[inline]
     pub fn remove_segment(&mut self, idx: PoolIdx) {
         self.pair_mut(idx).segments -= 1;
+    }
+
+    /// PyTorch's `createOrIncrefPool`: [`Self::begin_use`], and a new pool
+    /// gets its segments from `source` when one is given. A source for a
+    /// pool that exists already is refused, as PyTorch refuses it.
+    pub fn create_or_incref(
+        &mut self,
+        id: PoolId,
+        source: Option<Arc<dyn SegmentSource>>,
+    ) -> Result<(), crate::error::Error> {
+        if source.is_some() && self.find(id).is_some() {
+            return Err(crate::error::Error::InvalidArgument(format!(
+                "mempool {id:?} exists already: a segment source is given only when it is created"
+            )));
+        }
+        self.begin_use(id)?;
+        if source.is_some() {
+            let idx = self.find(id).expect("begin_use registered it");
+            self.pair_mut(idx).options.source = source;
+        }
+        Ok(())
     }
 
     /// Starts a use of private pool `id` (`beginAllocateToPool`): creates it

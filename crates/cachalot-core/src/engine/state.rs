@@ -146,6 +146,8 @@ pub(crate) struct Inner<B: Backend> {
     pub(super) lent: u64,
     /// Of those, the ones that made the borrowing stream wait for a fence.
     pub(super) lent_waits: u64,
+    /// Sees every segment event (`pool_ops.rs`).
+    pub(super) tracker: Option<crate::engine::SegmentTracker>,
 }
 
 impl<B: Backend> Inner<B> {
@@ -179,6 +181,7 @@ impl<B: Backend> Inner<B> {
             recycling: Default::default(),
             lent: 0,
             lent_waits: 0,
+            tracker: None,
             config,
         }
     }
@@ -214,6 +217,18 @@ impl<B: Backend> Inner<B> {
         size: u64,
         stream: B::Stream,
     ) -> Result<AllocOutcome, Error> {
+        self.malloc_to(backend, size, stream, None)
+    }
+
+    /// [`Self::malloc`] into pool `to` when given (`pool_ops.rs`), else
+    /// into the pool the registered captures route `stream` to.
+    pub(super) fn malloc_to(
+        &mut self,
+        backend: &B,
+        size: u64,
+        stream: B::Stream,
+        to: Option<PoolIdx>,
+    ) -> Result<AllocOutcome, Error> {
         debug_assert!(size > 0 && size < MAX_REQUEST);
         let mut ctx = MallocCtx::default();
         let capturing = self.capture.is_active();
@@ -222,16 +237,17 @@ impl<B: Backend> Inner<B> {
         } else if self.config.graph_capture_record_stream_reuse != CaptureReuse::Off {
             ctx = self.reclaim_in_capture(backend, stream)?;
         }
-        let pool = if self.capture.is_active() {
-            self.choose_pool(backend, stream, &ctx)?
-        } else {
-            DEFAULT_POOL
+        let pool = match to {
+            Some(pool) => pool,
+            None if self.capture.is_active() => self.choose_pool(backend, stream, &ctx)?,
+            None => DEFAULT_POOL,
         };
         let p = self.params(size, stream, pool);
         if let Some(id) = self.get_free_block(&p) {
             return Ok(AllocOutcome::Ok(self.alloc_found_block(id, &p)));
         }
-        if self.capture.is_active()
+        if to.is_none()
+            && self.capture.is_active()
             && let Some(id) = self.cross_stream_reuse(backend, &p, &mut ctx)?
         {
             self.pools.pool_mut(p.pool, p.small).free.note_out(p.stream);
@@ -258,6 +274,9 @@ impl<B: Backend> Inner<B> {
         }
         if found.is_none() {
             found = self.alloc_segment(backend, p)?;
+        }
+        if found.is_none() {
+            found = self.borrow_use_on_oom_block(p);
         }
         if found.is_none() && self.release_available_cached_blocks(backend, p)? {
             found = self.alloc_after_release(backend, p)?;
@@ -347,6 +366,9 @@ impl<B: Backend> Inner<B> {
     /// is split.
     fn should_split(&self, pool: PoolIdx, small: bool, b_size: u64, size: u64) -> bool {
         let remaining = b_size - size;
+        if self.no_split(pool) {
+            return false;
+        }
         // PyTorch 2.11: with expandable segments large blocks split as
         // small ones do (`should_split`)
         if small || self.expandable_in(pool) {

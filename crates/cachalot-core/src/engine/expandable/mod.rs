@@ -62,6 +62,7 @@ impl<B: Backend> Inner<B> {
     pub(super) fn expandable_in(&self, pool: PoolIdx) -> bool {
         self.config.expandable_segments
             && (pool == DEFAULT_POOL || self.config.expandable_segments_given)
+            && !self.has_source(pool)
     }
 
     /// The chain of free and unmapped blocks of `p.stream` at unmapped
@@ -266,6 +267,7 @@ impl<B: Backend> Inner<B> {
         self.stats
             .on_map(crate::stats::StatType::of_pool(small), mapped, calls);
         self.trace(TraceAction::SegmentMap, addr, mapped, stream);
+        self.track(TraceAction::SegmentMap, addr, mapped, pool, stream);
         Ok(Some(id))
     }
 
@@ -368,6 +370,7 @@ impl<B: Backend> Inner<B> {
         self.stats
             .on_unmap(crate::stats::StatType::of_pool(small), usize_, calls);
         self.trace(TraceAction::SegmentUnmap, ustart, usize_, stream);
+        self.track(TraceAction::SegmentUnmap, ustart, usize_, pool, stream);
         if whole && unreserve {
             self.release_expandable_segment(backend, id);
         }

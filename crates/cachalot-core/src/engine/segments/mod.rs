@@ -11,7 +11,7 @@ mod pages;
 
 use std::collections::BTreeMap;
 
-use crate::backend::{Backend, DevicePointer, VirtualMemory};
+use crate::backend::{Backend, VirtualMemory};
 use crate::engine::block::{BState, Block, BlockId, NIL};
 use crate::engine::history::TraceAction;
 use crate::engine::pools::PoolIdx;
@@ -94,6 +94,16 @@ impl<P, S> Default for Segments<P, S> {
 }
 
 impl<P, S> Segments<P, S> {
+    /// Whether `[addr, addr + size)` meets a registered segment.
+    pub fn overlaps(&self, addr: u64, size: u64) -> bool {
+        self.find(addr).is_some()
+            || self
+                .map
+                .range(addr..addr.saturating_add(size))
+                .next()
+                .is_some()
+    }
+
     /// The segment whose range contains `addr`, as (start, segment).
     pub fn find(&self, addr: u64) -> Option<(u64, &Segment)> {
         self.map
@@ -224,10 +234,16 @@ impl<P, S> Segments<P, S> {
     }
 }
 
-/// Returns a fixed segment's memory to the device.
-fn free_segment<B: Backend>(backend: &B, addr: u64, seg: &Segment) -> Result<(), BackendError> {
+/// Returns a fixed segment's memory to the device (or to the segment
+/// source that gave it).
+fn free_segment<B: Backend>(
+    inner: &mut Inner<B>,
+    backend: &B,
+    addr: u64,
+    seg: &Segment,
+) -> Result<(), BackendError> {
     match seg.kind {
-        SegmentKind::Fixed => backend.free(B::Ptr::from_addr(addr), seg.size),
+        SegmentKind::Fixed => inner.release_segment_memory(backend, addr, seg.size),
         SegmentKind::Expandable { .. } => unreachable!("expandable segments are unmapped"),
     }
 }
@@ -306,8 +322,8 @@ impl<B: Backend> Inner<B> {
             self.release_spare(backend);
             return r;
         }
-        let ptr = match backend.malloc(size) {
-            Ok(ptr) => ptr.addr(),
+        let ptr = match self.segment_memory(backend, p.pool, size) {
+            Ok(ptr) => ptr,
             Err(DeviceAllocError::OutOfMemory) => return Ok(None),
             Err(DeviceAllocError::Backend(e)) => return Err(e.into()),
         };
@@ -335,6 +351,7 @@ impl<B: Backend> Inner<B> {
         );
         self.pools.pool_mut(p.pool, p.small).free.note_out(p.stream);
         self.trace(TraceAction::SegmentAlloc, ptr, size, p.stream);
+        self.track(TraceAction::SegmentAlloc, ptr, size, p.pool, p.stream);
         tracing::debug!(size, ptr, "device segment allocated");
         Ok(Some(id))
     }
@@ -352,7 +369,10 @@ impl<B: Backend> Inner<B> {
             .map
             .get(&addr)
             .expect("a whole block is its segment");
-        if let Err(e) = free_segment(backend, addr, &seg) {
+        // trackers hear of it before the memory goes (NCCL deregisters it)
+        self.track(TraceAction::SegmentFree, addr, size, pool, stream);
+        if let Err(e) = free_segment(self, backend, addr, &seg) {
+            self.track(TraceAction::SegmentAlloc, addr, size, pool, stream);
             tracing::warn!(%e, size, addr, "releasing a cached segment failed; it stays cached");
             self.release_failures.record(size, e);
             return false;
@@ -409,7 +429,7 @@ impl<B: Backend> Inner<B> {
         keep(self.events.destroy_all(backend));
         for (addr, seg) in std::mem::take(&mut self.segments.map) {
             if seg.kind == SegmentKind::Fixed {
-                keep(free_segment(backend, addr, &seg).map_err(Error::from));
+                keep(free_segment(self, backend, addr, &seg).map_err(Error::from));
             }
         }
         let expandable = std::mem::take(&mut self.segments.expandable);
