@@ -184,7 +184,8 @@ enum Command {
     #[command(after_help = REPLAY_EXAMPLES)]
     Replay {
         /// Trace files, `-` for standard input, or synthetic trace names
-        /// (hit_1mib, churn_1stream, churn_4streams).
+        /// (hit_1mib, churn_1stream, churn_4streams, bert_serving,
+        /// gpt2_generate).
         #[arg(required = true, value_name = "TRACE")]
         traces: Vec<String>,
         #[command(flatten)]

@@ -1,7 +1,10 @@
 //! Allocation traces (the format of `shared/traces/README.md`), the
-//! deterministic synthetic traces of `synth_traces.py`, and a replay that
+//! deterministic synthetic traces of `synth_traces.py` and
+//! `serving_traces.py`, and a replay that
 //! measures the same figures as PyTorch's `cca_replay.cpp`.
 #![forbid(unsafe_code)]
+
+mod serving;
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -542,12 +545,33 @@ impl Trace {
         }
     }
 
-    /// A synthetic trace by name (`hit_1mib`, `churn_1stream`, `churn_4streams`).
+    /// `bert_serving`: BERT-base fp16 inference, `requests` requests of a
+    /// random batch (1..48) of random length (16..512), each tensor
+    /// allocated where the model computes it and freed after its last use;
+    /// bit-identical to `traces/serving_traces.py --requests-bert N`.
+    pub fn bert_serving(requests: u32) -> Self {
+        serving::bert(requests)
+    }
+
+    /// `gpt2_generate`: GPT-2 small fp16 generation, `requests` requests of
+    /// a random batch (1..8) of random prompts (16..512 tokens) continued by
+    /// 16..128 tokens, every layer's keys and values growing a token a step
+    /// (a new tensor, the old one freed); bit-identical to
+    /// `traces/serving_traces.py --requests-gpt2 N`.
+    pub fn gpt2_generate(requests: u32) -> Self {
+        serving::gpt2(requests)
+    }
+
+    /// A synthetic trace by name (`hit_1mib`, `churn_1stream`,
+    /// `churn_4streams`, and the serving traces with random shapes
+    /// `bert_serving` and `gpt2_generate`, with 200 and 12 requests).
     pub fn synthetic(name: &str) -> Option<Self> {
         match name {
             "hit_1mib" => Some(Self::hit_1mib()),
             "churn_1stream" => Some(Self::churn(1, 42)),
             "churn_4streams" => Some(Self::churn(4, 43)),
+            "bert_serving" => Some(Self::bert_serving(serving::BERT_REQUESTS)),
+            "gpt2_generate" => Some(Self::gpt2_generate(serving::GPT2_REQUESTS)),
             _ => None,
         }
     }
@@ -1153,14 +1177,18 @@ mod synth_check {
         })
     }
 
-    /// FNV-1a of the operation lines that `synth_traces.py` writes (the file
-    /// minus its first comment line), computed from the Python output.
+    /// FNV-1a of the operation lines that `synth_traces.py` and
+    /// `serving_traces.py` write (the file minus its first comment line),
+    /// computed from the Python output.
     #[test]
     fn synthetic_traces_match_python_generator() {
         for (name, hash, len) in [
             ("hit_1mib", 0x29db46d79cd3a7bu64, 2577780usize),
             ("churn_1stream", 0xe97d82f42bdf6515, 5120159),
             ("churn_4streams", 0x4de5af188b972a28, 5122109),
+            // `serving_traces.py` with its default request counts
+            ("bert_serving", 0x66b8a74a28e1ce2b, 1035595),
+            ("gpt2_generate", 0xd1ed7cb84f32e4aa, 4071034),
         ] {
             let text = Trace::synthetic(name).unwrap().to_text();
             let body = text.split_once('\n').unwrap().1;
