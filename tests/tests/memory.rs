@@ -881,6 +881,37 @@ fn the_default_reserves_less_than_every_pytorch_mode_and_rmm() {
     }
 }
 
+/// The serving traces with random shapes (`traces/serving_traces.py`,
+/// `Trace::bert_serving` and `Trace::gpt2_generate`: BERT-base inference of
+/// random batch × length, GPT-2 generation with a key/value cache that
+/// grows): the default reserves less at its first pass's peak than
+/// PyTorch's default and expandable modes (reproduced exactly by
+/// `placement:pytorch`, with and without `expandable_segments:True`).
+/// Over five passes its peak rises where the allowance above the
+/// allocated peak lets reserved memory grow rather than move pages
+/// (bert_serving: 1.0021 of its live peak after the first pass, 1.0281
+/// after five, where PyTorch's expandable mode stays at 1.0258;
+/// gpt2_generate 1.0164 against 1.1264).
+#[test]
+fn serving_traces_reserve_less_than_pytorch_at_their_first_peak() {
+    for (name, five_passes) in [("bert_serving", 1.0285), ("gpt2_generate", 1.0170)] {
+        let t = Trace::synthetic(name).expect("synthetic trace");
+        let ours = replay_on_mock(&t, 1, "").peak_reserved;
+        for config in ["placement:pytorch", PYTORCH] {
+            let theirs = replay_on_mock(&t, 1, config).peak_reserved;
+            println!("{name}: {ours} B against {theirs} B ({config})");
+            assert!(
+                ours < theirs,
+                "{name}: {ours} B against {theirs} B ({config})"
+            );
+        }
+        let (d, per_pass, ratio) = calls_per_pass(&t, 5);
+        println!("{name}: calls per pass {per_pass:?}, peak reserved / live peak {ratio:.4}");
+        assert!(ratio <= five_passes, "{name}: {ratio}");
+        d.a.check_invariants().expect("invariants");
+    }
+}
+
 /// A device with less address space left than its segments ask for: in
 /// PyTorch's mode an expandable segment's reservation (1.125x the device)
 /// is halved until it fits (down to the request); in cachalot's the second
@@ -1196,8 +1227,9 @@ fn calls_per_pass(trace: &Trace, passes: usize) -> (Dev, Vec<u64>, f64) {
 /// A repeating workload settles: in cachalot's expandable mode the
 /// request's chain is chosen before pages recycle (the lowest that fits)
 /// and reserved memory may pass the allocated peak by 2% (more, up to
-/// 6.25%, only while pages keep moving) without moving pages, so the real
-/// training traces make no device call from their fourth pass (recycling
+/// 1/11, only while page moves cost more than their budget) without moving
+/// pages, so the real training traces make no device call from their
+/// second pass (gpt2_train from its fourth before the budget; recycling
 /// whenever a segment would grow past the reserved peak, with no chain
 /// chosen first and no allowance, made about 1,600 calls per pass on gpt2
 /// and 400 on resnet50), at a peak within 2.5% of the live peak.
@@ -1209,7 +1241,7 @@ fn calls_per_pass(trace: &Trace, passes: usize) -> (Dev, Vec<u64>, f64) {
 #[test]
 fn recycling_settles_on_repeating_traces() {
     for (name, settled, bound) in [
-        ("gpt2_train", 3, 1.025),
+        ("gpt2_train", 1, 1.025),
         ("resnet50_train", 1, 1.025),
         ("side_stream_pipeline", 1, 1.249),
     ] {
@@ -1267,19 +1299,41 @@ fn idle_streams_are_asked_not_fenced() {
     d.a.check_invariants().expect("invariants");
 }
 
-/// A workload that cannot settle (random sizes and lifetimes): the
-/// allowance grows while pages keep moving, so later passes move far fewer
-/// pages (about 8,400 calls per pass, were about 33,000 with no allowance),
-/// and it stops at 1/16 of the allocated peak: the peak stays within 1.10x
-/// of the live peak.
+/// The move budget (`docs/design-expandable.md`, "A move budget"): the
+/// allowance above the allocated peak doubles while page moves cost more
+/// than 50 ns of driver time per operation, up to 1/11 of the allocated
+/// peak, and there recycling takes the fewest, largest free blocks. A
+/// workload that cannot settle (random sizes and lifetimes) reaches the
+/// largest allowance and moves far fewer pages in its later passes; its
+/// peak stays within 1.10x of its live peak. A training step whose pages
+/// settle keeps the first allowance (resnet50_train: no page moves after
+/// its first mappings) or one doubling (gpt2_train: its first pass moves
+/// pages all through).
 #[test]
-fn recycling_allowance_is_bounded() {
-    let trace = Trace::synthetic("churn_1stream").expect("synthetic trace");
-    let (d, per_pass, ratio) = calls_per_pass(&trace, 4);
-    assert!(per_pass[3] < 15_000, "calls per pass {per_pass:?}");
-    assert!(ratio <= 1.10, "peak reserved / live peak {ratio}");
-    assert!(ratio > 1.03, "the allowance grew: {ratio}");
-    d.a.check_invariants().expect("invariants");
+fn the_move_budget_raises_the_allowance_only_where_moves_cost() {
+    for (name, calls_before) in [("churn_1stream", 6_300), ("churn_4streams", 9_400)] {
+        let trace = Trace::synthetic(name).expect("synthetic trace");
+        let (d, per_pass, ratio) = calls_per_pass(&trace, 4);
+        let peak = d.a.stats().allocated_bytes.all().peak as u64;
+        println!("{name}: calls per pass {per_pass:?}, peak reserved / live peak {ratio:.4}");
+        assert_eq!(d.a.recycling_allowance(), peak / 11, "{name}");
+        // before the budget the later passes made 6,301-8,794 and
+        // 9,429-11,256 calls (smallest blocks first, at most 1/16); now
+        // 933-1,120 and 1,749-2,157
+        for &c in &per_pass[1..] {
+            assert!(c * 4 < calls_before, "{name}: calls per pass {per_pass:?}");
+        }
+        assert!(ratio <= 1.10, "{name}: peak reserved / live peak {ratio}");
+        d.a.check_invariants().expect("invariants");
+    }
+    for (name, raised) in [("resnet50_train", false), ("gpt2_train", true)] {
+        let (d, per_pass, _) = calls_per_pass(&trace(name), 3);
+        let peak = d.a.stats().allocated_bytes.all().peak as u64;
+        let allowance = d.a.recycling_allowance();
+        println!("{name}: calls per pass {per_pass:?}, allowance {allowance} B");
+        assert_eq!(allowance > peak / 50, raised, "{name}: {allowance} B");
+        assert!(allowance < peak / 11, "{name}: {allowance} B");
+    }
 }
 
 /// cachalot's mode maps new pages in runs of two (one physical allocation
@@ -1322,12 +1376,13 @@ fn pages_map_in_runs_and_unmap_whole() {
     }
 }
 
-/// A large mapping (48 MiB or more) is made of runs of up to twelve pages
+/// A large mapping (32 MiB or more) is made of runs of up to twelve pages
 /// in cachalot's mode: a 100 MiB request is five physical allocations and
 /// mappings (12, 12, 12, 12 and 2 pages) and one access call, where runs
-/// of two would be 25; a 20 MiB request keeps runs of two (five). Freed
-/// and recycled, the large runs move whole; nothing leaks. PyTorch's mode
-/// maps its 20 MiB pages one at a time.
+/// of two would be 25; a 32 MiB request is two (12 and 4 pages); a 20 or
+/// 30 MiB request keeps runs of two (five, eight). Freed and recycled, the
+/// large runs move whole; nothing leaks. PyTorch's mode maps its 20 MiB
+/// pages one at a time.
 #[test]
 fn large_mappings_map_in_large_runs() {
     for config in [CACHALOT, PYTORCH] {
@@ -1362,6 +1417,17 @@ fn large_mappings_map_in_large_runs() {
         d.free(other);
         d.a.empty_cache().unwrap();
         assert_eq!(reserved(&d), 0, "{config}");
+        d.drop_without_vmm_leaks();
+        // the threshold: 16 pages
+        let d = Dev::new(config);
+        for (mib, runs) in [(30, 8), (32, 2)] {
+            let before = calls.map(|c| d.m.call_count(c));
+            d.alloc_on(mib * MIB, d.stream());
+            let after = calls.map(|c| d.m.call_count(c));
+            let made: Vec<u64> = (0..3).map(|k| after[k] - before[k]).collect();
+            let runs = if config == CACHALOT { runs } else { 2 };
+            assert_eq!(made, [runs, runs, 1], "{config}: {mib} MiB");
+        }
         d.drop_without_vmm_leaks();
     }
 }

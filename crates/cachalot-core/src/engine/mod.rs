@@ -395,6 +395,18 @@ impl<B: Backend> CachingAllocator<B> {
         (g.lent, g.lent_waits)
     }
 
+    /// How far past the allocated peak reserved memory may grow before
+    /// pages recycle now, bytes (cachalot's expandable mode,
+    /// `docs/design-expandable.md` "A move budget": 1/50 of the allocated
+    /// peak, doubled while page moves cost more than their budget, up to
+    /// 1/11). A testing and reporting hook.
+    #[doc(hidden)]
+    pub fn recycling_allowance(&self) -> u64 {
+        let g = self.lock();
+        let live = g.stats.allocated_bytes.all().peak.max(0) as u64;
+        g.recycling.allowance(live)
+    }
+
     /// Ghost mappings kept now (cachalot's expandable mode,
     /// `docs/design-expandable.md` "Ghost mappings"): recycled memory still
     /// mapped at an old place, where it can come back with no driver call.

@@ -75,6 +75,36 @@ pub(crate) struct Segments<P, S> {
     /// No more ghosts: the backend refused to map memory that a ghost
     /// still maps.
     pub ghosts_off: bool,
+    /// The driver calls that moving memory makes, counted since the
+    /// allocator was made ([`MoveCalls`]).
+    pub moves: MoveCalls,
+}
+
+/// The driver calls of cachalot's expandable mode that move memory rather
+/// than add it: recycled runs mapped again at a new place (a map and its
+/// access), mappings unmapped (ghosts dropped, pages unmapped with ghosts
+/// off or on release), physical memory released. Fresh memory (a create,
+/// its map and its access) is not counted: a workload needs it whatever
+/// the policy. Page recycling's budget (`Recycling`) weighs them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct MoveCalls {
+    /// Recycled runs mapped at a new place (`map` + `set_access`).
+    pub remaps: u64,
+    /// Mappings unmapped (`unmap`).
+    pub unmaps: u64,
+    /// Physical allocations released (`release_physical`).
+    pub releases: u64,
+}
+
+impl MoveCalls {
+    /// The calls made since `earlier`.
+    pub fn since(&self, earlier: &Self) -> Self {
+        Self {
+            remaps: self.remaps - earlier.remaps,
+            unmaps: self.unmaps - earlier.unmaps,
+            releases: self.releases - earlier.releases,
+        }
+    }
 }
 
 impl<P, S> Default for Segments<P, S> {
@@ -89,6 +119,7 @@ impl<P, S> Default for Segments<P, S> {
             ghost_sites: BTreeMap::new(),
             ghost_count: 0,
             ghosts_off: false,
+            moves: MoveCalls::default(),
         }
     }
 }
@@ -301,7 +332,9 @@ impl<B: Backend> Inner<B> {
         // first, then pages elsewhere recycle to make room (before the
         // memory-fraction check: recycled pages make room)
         let mut chain = None;
-        if expandable && self.moves_memory(backend) {
+        let moves = expandable && self.moves_memory(backend);
+        let calls = self.segments.moves;
+        if moves {
             let (need, keep, target) = match self.recycling_chain(p) {
                 Some((start, need, keep)) => {
                     chain = Some(start);
@@ -320,6 +353,11 @@ impl<B: Backend> Inner<B> {
         if expandable {
             let r = self.alloc_expandable(backend, p, chain);
             self.release_spare(backend);
+            if moves {
+                let live = self.stats.allocated_bytes.all().peak.max(0) as u64;
+                let made = self.segments.moves.since(&calls);
+                self.recycling.charge(made, self.events.clock(), live);
+            }
             return r;
         }
         let ptr = match self.segment_memory(backend, p.pool, size) {
