@@ -74,7 +74,7 @@ pub(crate) enum Arr {
 
 /// Where the transitions of a hit and a free are written: the device's
 /// [`DeviceStats`], by the engine and by the replay of the shards' stat
-/// logs (`stat_log.rs`). Each transition is written once, here.
+/// logs (`stat_log/`). Each transition is written once, here.
 pub(crate) trait StatSink {
     /// Adds `n ≥ 0` to "all" and to `st` of `arr`.
     fn inc(&mut self, arr: Arr, st: StatType, n: i64);

@@ -2,7 +2,7 @@
 //! in one order ([`DeviceGuard`]: the shards' parts checked in while it
 //! is held, out again when it drops), a shard lock alone for a fast
 //! operation, spinning before parking, and the flushes of the shards'
-//! stat logs (`stat_log.rs`) that take the locks for as long as a swap.
+//! stat logs (`stat_log/`) that take the locks for as long as a swap.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -189,7 +189,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// as [`Self::lock`]) for as long as it takes to swap its logs for
     /// empty ones, as the next window; then, with every lock let go, the
     /// window is summed, filed, and folded with the others ready if the
-    /// device lock is free (`stat_log.rs`).
+    /// device lock is free (`stat_log/`).
     fn flush_held(&self, mut inner: MutexGuard<'_, Inner<B>>) {
         if !inner.fast_on {
             return;

@@ -28,7 +28,7 @@ pub(crate) enum Logging {
     /// the shards log from then on (`Inner::multi_thread`).
     Shared,
     /// Several threads run fast operations at once: each appends its
-    /// transitions, time-stamped, to its shard's log (`stat_log.rs`).
+    /// transitions, time-stamped, to its shard's log (`stat_log/`).
     Log,
 }
 

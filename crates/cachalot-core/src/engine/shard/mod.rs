@@ -19,7 +19,7 @@
 //! Stats stay exact, peaks included, with no shared write on the fast
 //! path: a fast operation appends its stat transitions, time-stamped, to
 //! its shard's log, and the device replays the logs in time order
-//! (`stat_log.rs`).
+//! (`stat_log/`).
 #![forbid(unsafe_code)]
 
 mod checkout;
