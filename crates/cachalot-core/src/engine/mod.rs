@@ -237,6 +237,17 @@ impl<B: Backend> CachingAllocator<B> {
             shard::hint_set(key, k);
             (g.malloc(&self.backend, size, stream)?, k)
         };
+        self.finish_alloc(outcome, k, size)
+    }
+
+    /// The end of a device-path allocation: the address owned by shard `k`,
+    /// or the out-of-memory error (observers notified first).
+    pub(in crate::engine) fn finish_alloc(
+        &self,
+        outcome: AllocOutcome,
+        k: usize,
+        size: u64,
+    ) -> Result<u64, Error> {
         match outcome {
             AllocOutcome::Ok(addr) => {
                 shard::owner_set(addr, k);

@@ -18,7 +18,7 @@ use crate::engine::history::TraceAction;
 use crate::engine::pools::{DEFAULT_POOL, PoolId, PoolIdx, SegmentSource};
 use crate::engine::rounding::MAX_REQUEST;
 use crate::engine::shard;
-use crate::engine::state::{AllocOutcome, Inner, Params};
+use crate::engine::state::{Inner, Params};
 use crate::engine::{CachingAllocator, history};
 use crate::error::{BackendError, CaptureError, DeviceAllocError, Error};
 
@@ -83,25 +83,7 @@ impl<B: Backend> CachingAllocator<B> {
             shard::hint_set(key, k);
             (g.malloc_to(&self.backend, size, stream, Some(idx))?, k)
         };
-        match outcome {
-            AllocOutcome::Ok(addr) => {
-                shard::owner_set(addr, k);
-                Ok(addr)
-            }
-            AllocOutcome::Oom { report, never_fits } => {
-                tracing::warn!(%report, "out of memory");
-                self.notify_oom(&report);
-                if never_fits {
-                    Err(Error::NeverFits {
-                        requested: size,
-                        reason: report.to_string(),
-                        report: Some(report),
-                    })
-                } else {
-                    Err(Error::OutOfMemory(report))
-                }
-            }
-        }
+        self.finish_alloc(outcome, k, size)
     }
 
     /// PyTorch's `createOrIncrefPool`: one more use of private pool `pool`,
