@@ -14,8 +14,9 @@
 //! `CACHALOT_CUDART_DIR` (a folder with `libcudart.so.13`). Without them it
 //! prints `skipped: <reason>`.
 //!
-//! Then it runs the shim: `tests/shim_driver.cpp`, linked with the shim and
-//! the real `libc10` / `libc10_cuda`, installs cachalot on the mock device
+//! Then it runs the shim: each `tests/shim_driver*.cpp` (their shared setup
+//! in `tests/shim_driver_common.h`), linked with the shim and the real
+//! `libc10` / `libc10_cuda`, installs cachalot on the mock device
 //! (`CACHALOT_TORCH_BACKEND=mock`) and drives every method through torch's
 //! own entry points (`c10::cuda::CUDACachingAllocator::*`,
 //! `c10::GetAllocator`), printing `shim driver: ok`.
@@ -85,8 +86,9 @@ fn shim_builds_against_torch_and_runs_inside_it() {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-    // the drivers (tests/shim_driver*.cpp, one process each): the shim
-    // inside torch's libraries, on the mock device
+    // the drivers (tests/shim_driver*.cpp, one process each; each includes
+    // tests/shim_driver_common.h): the shim inside torch's libraries, on the
+    // mock device
     let mut drivers: Vec<PathBuf> = std::fs::read_dir(manifest.join("tests"))
         .expect("the tests folder")
         .map(|e| e.expect("a tests entry").path())

@@ -2,70 +2,21 @@
 // libc10 / libc10_cuda of a torch tree, without a GPU: cachalot on the mock
 // device (CACHALOT_TORCH_BACKEND=mock), and the three CUDA runtime calls
 // the exercised paths make (the current device, the device count, the
-// stream priority range) answered by this program (it exports them, so they take precedence over libcudart's).
+// stream priority range) answered by this program (shim_driver_common.h:
+// it exports them, so they take precedence over libcudart's).
 // Every call goes through torch's own entry points
 // (c10::cuda::CUDACachingAllocator::*, c10::GetAllocator), i.e. through the
 // vtable of the torch version it was built against. Prints "shim driver: ok".
 
-#include <c10/core/Allocator.h>
-#include <c10/core/CachingDeviceAllocator.h>
-#include <c10/cuda/CUDACachingAllocator.h>
-#include <c10/util/Exception.h>
+#include "shim_driver_common.h"
+
 #include <c10/util/ThreadLocalDebugInfo.h>
-#include <cuda_runtime_api.h>
 
 #include <atomic>
-#include <cstdio>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <unordered_set>
 #include <vector>
-
-extern "C" int cachalot_torch_install(const char*, char*, size_t);
-extern "C" int cachalot_torch_installed();
-
-// the CUDA runtime as far as these paths need it: one device, device 0
-extern "C" cudaError_t cudaGetDevice(int* device) {
-  *device = 0;
-  return cudaSuccess;
-}
-extern "C" cudaError_t cudaGetDeviceCount(int* count) {
-  *count = 1;
-  return cudaSuccess;
-}
-extern "C" cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
-  *least = 0;
-  *greatest = -5;
-  return cudaSuccess;
-}
-
-namespace CCA = c10::cuda::CUDACachingAllocator;
-
-static int failures = 0;
-#define CHECK(cond)                                                   \
-  do {                                                                \
-    if (!(cond)) {                                                    \
-      std::printf("FAILED line %d: %s\n", __LINE__, #cond);          \
-      ++failures;                                                     \
-    }                                                                 \
-  } while (0)
-
-template <class E, class F>
-static bool throws(F f, const char* needle) {
-  try {
-    f();
-  } catch (const E& e) {
-    if (std::strstr(e.what(), needle)) return true;
-    std::printf("wrong message: %s\n", e.what());
-    return false;
-  } catch (const std::exception& e) {
-    std::printf("wrong exception type: %s\n", e.what());
-    return false;
-  }
-  std::printf("no exception (wanted one with '%s')\n", needle);
-  return false;
-}
 
 // Pool checkpoints as cudagraph trees use them: save, let the outputs die
 // and allocate more in the pool, restore; the checkpoint's blocks come back

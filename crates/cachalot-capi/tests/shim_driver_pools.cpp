@@ -6,65 +6,17 @@
 // use_on_oom and no_split, the cache turned off and on, allocator trace
 // trackers, and PyTorch's out-of-memory text. Prints "shim driver: ok".
 
-#include <c10/core/Allocator.h>
-#include <c10/core/AllocatorConfig.h>
-#include <c10/core/CachingDeviceAllocator.h>
-#include <c10/cuda/CUDACachingAllocator.h>
-#include <c10/util/Exception.h>
-#include <cuda_runtime_api.h>
+#include "shim_driver_common.h"
 
-#include <cstdio>
+#include <c10/core/AllocatorConfig.h>
+
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
 #include <thread>
 
-extern "C" int cachalot_torch_install(const char*, char*, size_t);
-
-// the CUDA runtime as far as these paths need it: one device, device 0
-extern "C" cudaError_t cudaGetDevice(int* device) {
-  *device = 0;
-  return cudaSuccess;
-}
-extern "C" cudaError_t cudaGetDeviceCount(int* count) {
-  *count = 1;
-  return cudaSuccess;
-}
-extern "C" cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
-  *least = 0;
-  *greatest = -5;
-  return cudaSuccess;
-}
-
-namespace CCA = c10::cuda::CUDACachingAllocator;
 using c10::CachingDeviceAllocator::TraceEntry;
-
-static int failures = 0;
-#define CHECK(cond)                                                   \
-  do {                                                                \
-    if (!(cond)) {                                                    \
-      std::printf("FAILED line %d: %s\n", __LINE__, #cond);          \
-      ++failures;                                                     \
-    }                                                                 \
-  } while (0)
-
-template <class E, class F>
-static bool throws(F f, const char* needle) {
-  try {
-    f();
-  } catch (const E& e) {
-    if (std::strstr(e.what(), needle)) return true;
-    std::printf("wrong message: %s\n", e.what());
-    return false;
-  } catch (const std::exception& e) {
-    std::printf("wrong exception type: %s\n", e.what());
-    return false;
-  }
-  std::printf("no exception (wanted one with '%s')\n", needle);
-  return false;
-}
 
 // A user's allocator (as CUDAPluggableAllocator is one): addresses from a
 // range of its own, every call counted. Only raw_alloc / raw_delete are
