@@ -2,54 +2,20 @@
 //! turned off and on again (`torch.cuda.caching_allocator_enable`), and the
 //! out-of-memory message (PyTorch's text first, cachalot's report after).
 
-use std::ffi::{CStr, c_int, c_void};
 use std::ptr::null_mut;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::MutexGuard;
 
 use cachalot_capi::drop_in::*;
 use cachalot_capi::*;
 
-static LOCK: Mutex<()> = Mutex::new(());
+mod common;
+use common::*;
 
 fn setup() -> MutexGuard<'static, ()> {
-    let g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    // SAFETY: a NUL-terminated literal.
-    assert_eq!(unsafe { cachalot_init(c"mock".as_ptr()) }, CACHALOT_OK);
-    cachalot_set_error_logging(0);
+    let g = lock_mock();
     assert_eq!(cachalot_caching_enable(1), CACHALOT_OK);
     assert_eq!(cachalot_empty_cache(-1), CACHALOT_OK);
     g
-}
-
-fn last_error() -> String {
-    let p = cachalot_last_error();
-    if p.is_null() {
-        return "no error".into();
-    }
-    // SAFETY: a NUL-terminated string valid until the next call.
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-}
-
-fn ok(rc: c_int) {
-    assert_eq!(rc, CACHALOT_OK, "{}", last_error());
-}
-
-fn alloc(size: usize) -> Result<*mut c_void, (c_int, String)> {
-    let mut p = null_mut();
-    // SAFETY: `p` is a valid out-pointer.
-    let rc = unsafe { cachalot_alloc(size, 0, null_mut(), &mut p) };
-    if rc == CACHALOT_OK {
-        Ok(p)
-    } else {
-        Err((rc, last_error()))
-    }
-}
-
-fn stats() -> CachalotDeviceStats {
-    let mut s = CachalotDeviceStats::default();
-    // SAFETY: `s` is writable and of the size passed.
-    ok(unsafe { cachalot_get_stats(0, &mut s, std::mem::size_of_val(&s)) });
-    s
 }
 
 fn enabled() -> bool {
@@ -70,13 +36,13 @@ fn free_bytes() -> usize {
 fn caching_off_gives_each_request_its_own_device_memory() {
     let _g = setup();
     assert!(enabled());
-    let cached = alloc(1 << 20).unwrap();
+    let cached = try_alloc(1 << 20).unwrap();
     let before = stats();
     let free0 = free_bytes();
     ok(cachalot_caching_enable(0));
     assert!(!enabled());
     // outside the statistics; device memory taken and given back at once
-    let p = alloc(1 << 20).unwrap();
+    let p = try_alloc(1 << 20).unwrap();
     assert!(!p.is_null());
     let s = stats();
     assert_eq!(
@@ -111,7 +77,7 @@ fn caching_off_gives_each_request_its_own_device_memory() {
     // on again: cached, counted
     ok(cachalot_caching_enable(1));
     assert!(enabled());
-    let r = alloc(1 << 20).unwrap();
+    let r = try_alloc(1 << 20).unwrap();
     let s = stats();
     assert_eq!(
         s.requested_bytes[0].allocated,
@@ -134,8 +100,8 @@ fn caching_off_gives_each_request_its_own_device_memory() {
 #[test]
 fn out_of_memory_says_it_as_pytorch_then_cachalot() {
     let _g = setup();
-    let held = alloc(3 << 20).unwrap();
-    let (rc, msg) = alloc(1 << 50).unwrap_err();
+    let held = try_alloc(3 << 20).unwrap();
+    let (rc, msg) = try_alloc(1 << 50).unwrap_err();
     assert_eq!(rc, CACHALOT_ERR_NEVER_FITS);
     let text = msg.strip_prefix("cachalot_alloc: ").expect(&msg);
     // PyTorch's sentence, its sizes as PyTorch formats them
@@ -165,14 +131,14 @@ fn out_of_memory_says_it_as_pytorch_then_cachalot() {
     assert!(second.contains("Largest free block"), "{second}");
     // a memory fraction: "allowed" as PyTorch says it
     ok(cachalot_set_memory_fraction(0, 0.5));
-    let (_, msg) = alloc(120 << 30).unwrap_err();
+    let (_, msg) = try_alloc(120 << 30).unwrap_err();
     assert!(
         msg.contains(" is free. ") && msg.contains(" allowed; Of the allocated"),
         "{msg}"
     );
     ok(cachalot_set_memory_fraction(0, 1.0));
     // 2^60 bytes and more: PyTorch's own short message
-    let (rc, msg) = alloc(1 << 60).unwrap_err();
+    let (rc, msg) = try_alloc(1 << 60).unwrap_err();
     assert_eq!(rc, CACHALOT_ERR_NEVER_FITS);
     assert_eq!(msg, format!("cachalot_alloc: {OVER_1EB}"));
     assert_eq!(

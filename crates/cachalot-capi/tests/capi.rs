@@ -3,47 +3,19 @@
 
 use std::ffi::{CStr, c_int, c_void};
 use std::ptr::{null, null_mut};
-use std::sync::Mutex;
 
 use cachalot_capi::*;
 
-/// The functions share process-wide allocators: one test at a time.
-static LOCK: Mutex<()> = Mutex::new(());
-
-fn setup() -> std::sync::MutexGuard<'static, ()> {
-    let g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    // SAFETY: a NUL-terminated literal.
-    assert_eq!(unsafe { cachalot_init(c"mock".as_ptr()) }, CACHALOT_OK);
-    cachalot_set_error_logging(0);
-    g
-}
-
-fn last_error() -> Option<String> {
-    let p = cachalot_last_error();
-    // SAFETY: NULL or a NUL-terminated string valid until the next call.
-    (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
-}
-
-fn stats(device: c_int) -> serde_json::Map<String, serde_json::Value> {
-    let p = cachalot_memory_stats_json(device);
-    assert!(!p.is_null(), "{:?}", last_error());
-    // SAFETY: a NUL-terminated string from cachalot, released right after.
-    let s = unsafe { CStr::from_ptr(p) }.to_str().unwrap().to_owned();
-    // SAFETY: `p` came from cachalot_memory_stats_json and is released once.
-    unsafe { cachalot_string_free(p) };
-    match serde_json::from_str(&s).unwrap() {
-        serde_json::Value::Object(m) => m,
-        other => panic!("not an object: {other}"),
-    }
-}
+mod common;
+use common::*;
 
 fn stat(device: c_int, key: &str) -> i64 {
-    stats(device)[key].as_i64().unwrap()
+    json_stats(device)[key].as_i64().unwrap()
 }
 
 #[test]
 fn backend_and_devices() {
-    let _g = setup();
+    let _g = lock_mock();
     let name = cachalot_backend_name();
     // SAFETY: a static NUL-terminated string.
     assert_eq!(unsafe { CStr::from_ptr(name) }.to_str().unwrap(), "mock");
@@ -54,26 +26,26 @@ fn backend_and_devices() {
     // SAFETY: as above.
     let rc = unsafe { cachalot_init(c"cuda".as_ptr()) };
     assert_eq!(rc, CACHALOT_ERR_INVALID_ARGUMENT);
-    assert!(last_error().unwrap().contains("already 'mock'"));
+    assert!(last_error().contains("already 'mock'"));
     // SAFETY: as above.
     let rc = unsafe { cachalot_init(c"tpu".as_ptr()) };
     assert_eq!(rc, CACHALOT_ERR_INVALID_ARGUMENT);
-    assert!(last_error().unwrap().contains("unknown backend 'tpu'"));
+    assert!(last_error().contains("unknown backend 'tpu'"));
     // A success clears the last error.
     assert_eq!(cachalot_device_count(), 1);
     assert_eq!(cachalot_last_error_code(), CACHALOT_OK);
-    assert!(last_error().is_none());
+    assert!(last_error_opt().is_none());
 }
 
 #[test]
 fn malloc_free_and_stats() {
-    let _g = setup();
+    let _g = lock_mock();
     let before = stat(0, "allocated_bytes.all.current");
     let p = cachalot_malloc(1000, 0, null_mut());
-    assert!(!p.is_null(), "{:?}", last_error());
+    assert!(!p.is_null(), "{:?}", last_error_opt());
     assert_eq!(cachalot_last_error_code(), CACHALOT_OK);
     assert_eq!(p.addr() % 512, 0);
-    let s = stats(0);
+    let s = json_stats(0);
     assert_eq!(s.len(), 122, "PyTorch's 122 flat keys");
     assert_eq!(
         s["allocated_bytes.all.current"].as_i64().unwrap(),
@@ -96,7 +68,7 @@ fn malloc_free_and_stats() {
     assert_eq!(cachalot_empty_cache(-1), CACHALOT_OK);
     assert_eq!(stat(0, "reserved_bytes.all.current"), 0, "nothing is live");
     assert_eq!(cachalot_reset_peak_stats(0), CACHALOT_OK);
-    let s = stats(0);
+    let s = json_stats(0);
     assert_eq!(
         s["reserved_bytes.all.peak"],
         s["reserved_bytes.all.current"]
@@ -105,7 +77,7 @@ fn malloc_free_and_stats() {
 
 #[test]
 fn bad_arguments_are_errors_not_crashes() {
-    let _g = setup();
+    let _g = lock_mock();
     let p = cachalot_malloc(4096, 0, null_mut());
     assert!(!p.is_null());
     cachalot_free(p, 4096, 0, null_mut());
@@ -114,25 +86,25 @@ fn bad_arguments_are_errors_not_crashes() {
     // Double free.
     cachalot_free(p, 4096, 0, null_mut());
     assert_eq!(cachalot_last_error_code(), CACHALOT_ERR_DOUBLE_FREE);
-    let msg = last_error().unwrap();
+    let msg = last_error();
     assert!(msg.starts_with("cachalot_free: double free"), "{msg}");
 
     // A pointer never handed out.
     cachalot_free(std::ptr::without_provenance_mut(0x1234), 8, 0, null_mut());
     assert_eq!(cachalot_last_error_code(), CACHALOT_ERR_INVALID_POINTER);
-    assert!(last_error().unwrap().contains("0x1234"));
+    assert!(last_error().contains("0x1234"));
 
     // Bad devices.
     assert!(cachalot_malloc(64, 7, null_mut()).is_null());
     assert_eq!(cachalot_last_error_code(), CACHALOT_ERR_INVALID_ARGUMENT);
     assert!(
-        last_error().unwrap().contains("out of range"),
+        last_error().contains("out of range"),
         "{:?}",
-        last_error()
+        last_error_opt()
     );
     assert!(cachalot_malloc(64, -1, null_mut()).is_null());
     assert_eq!(cachalot_last_error_code(), CACHALOT_ERR_INVALID_ARGUMENT);
-    assert!(last_error().unwrap().contains("negative"));
+    assert!(last_error().contains("negative"));
     cachalot_free(p, 4096, 3, null_mut());
     assert_eq!(cachalot_last_error_code(), CACHALOT_ERR_INVALID_ARGUMENT);
     assert!(cachalot_memory_stats_json(9).is_null());
@@ -150,17 +122,13 @@ fn bad_arguments_are_errors_not_crashes() {
     assert!(
         code == CACHALOT_ERR_NEVER_FITS || code == CACHALOT_ERR_OUT_OF_MEMORY,
         "{code}: {:?}",
-        last_error()
+        last_error_opt()
     );
 
     // An unknown stream handle on the mock.
     assert!(cachalot_malloc(64, 0, std::ptr::without_provenance_mut(0xdead)).is_null());
     assert_eq!(cachalot_last_error_code(), CACHALOT_ERR_INVALID_ARGUMENT);
-    assert!(
-        last_error()
-            .unwrap()
-            .contains("unknown stream handle 0xdead")
-    );
+    assert!(last_error().contains("unknown stream handle 0xdead"));
 
     // NULL strings and out-pointers.
     // SAFETY: NULL is allowed (an error).
@@ -179,20 +147,20 @@ fn bad_arguments_are_errors_not_crashes() {
 
 #[test]
 fn set_config_errors_and_effect() {
-    let _g = setup();
+    let _g = lock_mock();
     // Make sure device 0's allocator exists (set_config also reaches
     // allocators created later; that path is in the C smoke test).
     cachalot_free(cachalot_malloc(1, 0, null_mut()), 1, 0, null_mut());
     // SAFETY: NUL-terminated literals.
     let rc = unsafe { cachalot_set_config(c"max_split_size_mb:banana".as_ptr()) };
     assert_eq!(rc, CACHALOT_ERR_CONFIG);
-    let msg = last_error().unwrap();
+    let msg = last_error();
     assert!(msg.starts_with("cachalot_set_config:"), "{msg}");
     assert!(msg.contains("max_split_size_mb"), "{msg}");
     // SAFETY: as above.
     let rc = unsafe { cachalot_set_config(c"no_such_key:1".as_ptr()) };
     assert_eq!(rc, CACHALOT_ERR_CONFIG);
-    assert!(last_error().unwrap().contains("no_such_key"));
+    assert!(last_error().contains("no_such_key"));
     // Nothing changed.
     let split = || {
         cachalot::allocator(Some(0))
@@ -204,23 +172,23 @@ fn set_config_errors_and_effect() {
 
     // SAFETY: as above.
     let rc = unsafe { cachalot_set_config(c"max_split_size_mb:64".as_ptr()) };
-    assert_eq!(rc, CACHALOT_OK, "{:?}", last_error());
+    assert_eq!(rc, CACHALOT_OK, "{:?}", last_error_opt());
     assert_eq!(split(), 64 << 20);
     // SAFETY: as above.
     let rc = unsafe { cachalot_set_config(c"".as_ptr()) };
-    assert_eq!(rc, CACHALOT_OK, "{:?}", last_error());
+    assert_eq!(rc, CACHALOT_OK, "{:?}", last_error_opt());
     assert_eq!(split(), u64::MAX, "a new string re-parses (PyTorch's rule)");
 }
 
 #[test]
 fn record_stream_on_a_second_stream() {
-    let _g = setup();
+    let _g = lock_mock();
     let mut side: *mut c_void = null_mut();
     // SAFETY: `side` is valid for one write.
     assert_eq!(unsafe { cachalot_stream_create(0, &mut side) }, CACHALOT_OK);
     assert!(!side.is_null(), "a mock stream index > 0");
     let p = cachalot_malloc(3 << 20, 0, side);
-    assert!(!p.is_null(), "{:?}", last_error());
+    assert!(!p.is_null(), "{:?}", last_error_opt());
     assert_eq!(cachalot_record_stream(p, 0, null_mut()), CACHALOT_OK);
     cachalot_free(p, 3 << 20, 0, side);
     assert_eq!(cachalot_last_error_code(), CACHALOT_OK);
@@ -232,7 +200,7 @@ fn record_stream_on_a_second_stream() {
 
 #[test]
 fn threads_have_their_own_last_error() {
-    let _g = setup();
+    let _g = lock_mock();
     cachalot_free(std::ptr::without_provenance_mut(0x40), 1, 0, null_mut());
     assert_eq!(cachalot_last_error_code(), CACHALOT_ERR_INVALID_POINTER);
     std::thread::spawn(|| {
@@ -249,7 +217,7 @@ fn threads_have_their_own_last_error() {
 
 #[test]
 fn set_config_storage_stays_flat() {
-    let _g = setup();
+    let _g = lock_mock();
     cachalot_free(cachalot_malloc(1, 0, null_mut()), 1, 0, null_mut());
     let mut at_1k = 0;
     // Miri runs fewer calls (each parse is slow there): still past 1k.
@@ -264,7 +232,7 @@ fn set_config_storage_stays_flat() {
         .unwrap();
         // SAFETY: a NUL-terminated string.
         let rc = unsafe { cachalot_set_config(s.as_ptr()) };
-        assert_eq!(rc, CACHALOT_OK, "{:?}", last_error());
+        assert_eq!(rc, CACHALOT_OK, "{:?}", last_error_opt());
         if i == 999 {
             at_1k = stored_config_bytes();
         }
@@ -286,7 +254,7 @@ fn set_config_storage_stays_flat() {
 
 #[test]
 fn hostile_config_strings() {
-    let _g = setup();
+    let _g = lock_mock();
     cachalot_free(cachalot_malloc(1, 0, null_mut()), 1, 0, null_mut());
     let before = stored_config_bytes();
     let split = || {
@@ -317,7 +285,7 @@ fn hostile_config_strings() {
         // SAFETY: a NUL-terminated string.
         let rc = unsafe { cachalot_set_config(c.as_ptr()) };
         assert_eq!(rc, CACHALOT_ERR_CONFIG);
-        let msg = last_error().unwrap();
+        let msg = last_error();
         assert!(msg.contains(needle), "{msg}");
         assert!(msg.len() < 400, "{} bytes of message", msg.len());
         assert_eq!(split(), was, "nothing changed");
@@ -327,24 +295,24 @@ fn hostile_config_strings() {
     // SAFETY: a NUL-terminated byte string.
     let rc = unsafe { cachalot_set_config(c"max_split_size_mb:\xff".as_ptr()) };
     assert_eq!(rc, CACHALOT_ERR_INVALID_ARGUMENT);
-    assert!(last_error().unwrap().contains("not UTF-8"));
+    assert!(last_error().contains("not UTF-8"));
     // a backend name is echoed truncated
     let long = std::ffi::CString::new("q".repeat(if cfg!(miri) { 4096 } else { 1 << 20 })).unwrap();
     // SAFETY: a NUL-terminated string.
     let rc = unsafe { cachalot_init(long.as_ptr()) };
     assert_ne!(rc, CACHALOT_OK);
-    assert!(last_error().unwrap().len() < 400);
+    assert!(last_error().len() < 400);
 }
 
 #[test]
 fn interior_pointers_have_their_own_code() {
-    let _g = setup();
+    let _g = lock_mock();
     let p = cachalot_malloc(4096, 0, null_mut());
     assert!(!p.is_null());
     let inner = p.wrapping_byte_add(100);
     cachalot_free(inner, 4096, 0, null_mut());
     assert_eq!(cachalot_last_error_code(), CACHALOT_ERR_INTERIOR_POINTER);
-    let msg = last_error().unwrap();
+    let msg = last_error();
     assert!(msg.contains("inside the live allocation"), "{msg}");
     assert_eq!(
         cachalot_record_stream(inner, 0, null_mut()),

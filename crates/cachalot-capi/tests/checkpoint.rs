@@ -3,27 +3,14 @@
 //! blocks again at their addresses, the delta's arrays, and bad input as
 //! typed error codes.
 
-use std::ffi::{CStr, c_void};
 use std::ptr::{null, null_mut};
 
 use cachalot_capi::checkpoint::*;
 use cachalot_capi::drop_in::*;
 use cachalot_capi::*;
 
-fn last_error() -> String {
-    let p = cachalot_last_error();
-    assert!(!p.is_null(), "no last error");
-    // SAFETY: a NUL-terminated string valid until the next call.
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-}
-
-fn alloc_in(pool: (u64, u64), size: usize) -> *mut c_void {
-    let mut p = null_mut();
-    // SAFETY: `p` is a valid out-pointer.
-    let rc = unsafe { cachalot_alloc_in_pool(size, 0, null_mut(), pool.0, pool.1, &mut p) };
-    assert_eq!(rc, CACHALOT_OK, "{}", last_error());
-    p
-}
+mod common;
+use common::*;
 
 /// The delta's two arrays, copied.
 fn read(d: *mut CachalotCheckpointDelta) -> (Vec<usize>, Vec<usize>) {

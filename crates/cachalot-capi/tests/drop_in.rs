@@ -5,59 +5,13 @@
 
 use std::ffi::{CStr, c_int, c_void};
 use std::ptr::{null, null_mut};
-use std::sync::Mutex;
 
 use cachalot_capi::drop_in::*;
 use cachalot_capi::history::{cachalot_history_enabled, cachalot_record_history};
 use cachalot_capi::*;
 
-static LOCK: Mutex<()> = Mutex::new(());
-
-fn setup() -> std::sync::MutexGuard<'static, ()> {
-    let g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    // SAFETY: a NUL-terminated literal.
-    assert_eq!(unsafe { cachalot_init(c"mock".as_ptr()) }, CACHALOT_OK);
-    cachalot_set_error_logging(0);
-    // every test starts from an empty cache
-    assert_eq!(cachalot_empty_cache(-1), CACHALOT_OK);
-    g
-}
-
-fn last_error() -> String {
-    let p = cachalot_last_error();
-    assert!(!p.is_null(), "no last error");
-    // SAFETY: a NUL-terminated string valid until the next call.
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-}
-
-fn alloc(size: usize, stream: *mut c_void) -> *mut c_void {
-    let mut p = null_mut();
-    // SAFETY: `p` is a valid out-pointer.
-    let rc = unsafe { cachalot_alloc(size, 0, stream.cast(), &mut p) };
-    assert_eq!(rc, CACHALOT_OK, "{}", last_error());
-    p
-}
-
-fn stats() -> CachalotDeviceStats {
-    let mut s = CachalotDeviceStats::default();
-    // SAFETY: `s` is writable and of the size passed.
-    let rc = unsafe { cachalot_get_stats(0, &mut s, std::mem::size_of_val(&s)) };
-    assert_eq!(rc, CACHALOT_OK, "{}", last_error());
-    s
-}
-
-fn json_stats() -> serde_json::Map<String, serde_json::Value> {
-    let p = cachalot_memory_stats_json(0);
-    assert!(!p.is_null());
-    // SAFETY: a NUL-terminated string from cachalot, released right after.
-    let s = unsafe { CStr::from_ptr(p) }.to_str().unwrap().to_owned();
-    // SAFETY: from cachalot_memory_stats_json, released once.
-    unsafe { cachalot_string_free(p) };
-    match serde_json::from_str(&s).unwrap() {
-        serde_json::Value::Object(m) => m,
-        other => panic!("{other}"),
-    }
-}
+mod common;
+use common::*;
 
 fn new_stream() -> *mut c_void {
     let mut s = null_mut();
@@ -72,45 +26,6 @@ fn use_count(hi: u64, lo: u64) -> c_int {
     let rc = unsafe { cachalot_pool_use_count(0, hi, lo, &mut n) };
     assert_eq!(rc, CACHALOT_OK, "{}", last_error());
     n
-}
-
-struct Snap(*mut CachalotSnapshot);
-
-impl Snap {
-    fn take(hi: u64, lo: u64, traces: bool) -> Self {
-        let mut p = null_mut();
-        // SAFETY: valid out-pointer.
-        let rc = unsafe { cachalot_snapshot(0, hi, lo, c_int::from(traces), &mut p) };
-        assert_eq!(rc, CACHALOT_OK, "{}", last_error());
-        assert!(!p.is_null());
-        Snap(p)
-    }
-    fn get(&self) -> &CachalotSnapshot {
-        // SAFETY: a live snapshot from cachalot_snapshot.
-        unsafe { &*self.0 }
-    }
-    fn segments(&self) -> &[CachalotSegment] {
-        let s = self.get();
-        // SAFETY: cachalot's arrays, valid while the snapshot lives.
-        unsafe { std::slice::from_raw_parts(s.segments, s.num_segments) }
-    }
-    fn blocks(&self) -> &[CachalotBlock] {
-        let s = self.get();
-        // SAFETY: as above.
-        unsafe { std::slice::from_raw_parts(s.blocks, s.num_blocks) }
-    }
-    fn traces(&self) -> &[CachalotTrace] {
-        let s = self.get();
-        // SAFETY: as above.
-        unsafe { std::slice::from_raw_parts(s.traces, s.num_traces) }
-    }
-}
-
-impl Drop for Snap {
-    fn drop(&mut self) {
-        // SAFETY: from cachalot_snapshot, released once.
-        unsafe { cachalot_snapshot_free(self.0) };
-    }
 }
 
 #[test]
@@ -130,7 +45,7 @@ fn alloc_delete_and_stats_struct() {
         before.requested_bytes[0].current + 1000
     );
     // the struct and the 122 flat keys agree
-    let j = json_stats();
+    let j = json_stats(0);
     let names = [
         "allocation",
         "segment",

@@ -1,22 +1,18 @@
 //! Hostile environment variables through the C ABI (issue 17). The
 //! environment is process-global: this binary holds one test.
 
-use std::ffi::{CStr, c_int};
+use std::ffi::c_int;
 use std::ptr::null_mut;
 
 use cachalot_capi::*;
+
+mod common;
+use common::*;
 
 fn set(var: &str, value: &str) {
     // SAFETY: the only test of this binary, so no other thread reads or
     // writes the environment meanwhile.
     unsafe { std::env::set_var(var, value) };
-}
-
-fn last_error() -> String {
-    let p = cachalot_last_error();
-    assert!(!p.is_null());
-    // SAFETY: a NUL-terminated string valid until the next call.
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }
 
 fn init() -> c_int {

@@ -14,7 +14,8 @@ use cachalot_capi::drop_in::*;
 use cachalot_capi::history::*;
 use cachalot_capi::*;
 
-static LOCK: Mutex<()> = Mutex::new(());
+mod common;
+use common::*;
 
 /// Contexts made and released, by id (the `data` pointer is a boxed id).
 static RELEASED: Mutex<Vec<u64>> = Mutex::new(Vec::new());
@@ -44,22 +45,6 @@ fn released(id: u64) -> usize {
         .iter()
         .filter(|&&r| r == id)
         .count()
-}
-
-fn setup() -> std::sync::MutexGuard<'static, ()> {
-    let g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    // SAFETY: a NUL-terminated literal.
-    assert_eq!(unsafe { cachalot_init(c"mock".as_ptr()) }, CACHALOT_OK);
-    cachalot_set_error_logging(0);
-    assert_eq!(cachalot_empty_cache(-1), CACHALOT_OK);
-    g
-}
-
-fn last_error() -> String {
-    let p = cachalot_last_error();
-    assert!(!p.is_null(), "no last error");
-    // SAFETY: a NUL-terminated string valid until the next call.
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }
 
 fn configure(enabled: bool, level: c_int, clear: bool, skip: &[&CStr]) -> c_int {
@@ -108,39 +93,11 @@ fn free_with(p: *mut c_void, ctx: Option<CachalotContext>) {
     assert_eq!(rc, CACHALOT_OK, "{}", last_error());
 }
 
-struct Snap(*mut CachalotSnapshot);
-
+/// What these tests read of a snapshot besides its blocks, segments and traces.
 impl Snap {
-    fn take() -> Self {
-        let mut p = null_mut();
-        // SAFETY: valid out-pointer.
-        let rc = unsafe { cachalot_snapshot(0, 0, 0, 1, &mut p) };
-        assert_eq!(rc, CACHALOT_OK, "{}", last_error());
-        assert!(!p.is_null());
-        Snap(p)
-    }
-    fn get(&self) -> &CachalotSnapshot {
-        // SAFETY: a live snapshot from cachalot_snapshot.
-        unsafe { &*self.0 }
-    }
-    fn blocks(&self) -> &[CachalotBlock] {
-        let s = self.get();
-        // SAFETY: cachalot's arrays, valid while the snapshot lives.
-        unsafe { std::slice::from_raw_parts(s.blocks, s.num_blocks) }
-    }
-    fn segments(&self) -> &[CachalotSegment] {
-        let s = self.get();
-        // SAFETY: as above.
-        unsafe { std::slice::from_raw_parts(s.segments, s.num_segments) }
-    }
-    fn traces(&self) -> &[CachalotTrace] {
-        let s = self.get();
-        // SAFETY: as above.
-        unsafe { std::slice::from_raw_parts(s.traces, s.num_traces) }
-    }
     fn annotations(&self) -> Vec<HashMap<String, String>> {
         let s = self.get();
-        // SAFETY: as above.
+        // SAFETY: cachalot's array, valid while the snapshot lives.
         let list = unsafe { std::slice::from_raw_parts(s.annotations, s.num_annotations) };
         list.iter()
             .map(|a| {
@@ -167,13 +124,6 @@ impl Snap {
     }
 }
 
-impl Drop for Snap {
-    fn drop(&mut self) {
-        // SAFETY: from cachalot_snapshot, released once.
-        unsafe { cachalot_snapshot_free(self.0) };
-    }
-}
-
 /// # Safety
 /// `p` is NULL or NUL-terminated.
 unsafe fn cstr(p: *const c_char) -> Option<String> {
@@ -196,7 +146,7 @@ fn contexts_follow_pytorchs_levels_and_are_released_once() {
     let (a, a_data) = context(1);
     let (f, f_data) = context(2);
     let p = alloc_with(3000, Some(a));
-    let snap = Snap::take();
+    let snap = Snap::take(0, 0, true);
     assert_eq!(
         snap.block_at(p).context,
         a_data,
@@ -221,7 +171,7 @@ fn contexts_follow_pytorchs_levels_and_are_released_once() {
     drop(snap);
     assert_eq!(released(1), 0, "kept by the block and entries");
     free_with(p, Some(f));
-    let snap = Snap::take();
+    let snap = Snap::take(0, 0, true);
     let frees: Vec<_> = snap
         .traces()
         .iter()
@@ -260,7 +210,7 @@ fn alloc_level_keeps_the_allocation_context_for_frees_and_state_keeps_none_in_en
     let p = alloc_with(5000, Some(a));
     free_with(p, None);
     {
-        let snap = Snap::take();
+        let snap = Snap::take(0, 0, true);
         let ctxs: Vec<_> = snap
             .traces()
             .iter()
@@ -281,7 +231,7 @@ fn alloc_level_keeps_the_allocation_context_for_frees_and_state_keeps_none_in_en
     let (b, b_data) = context(11);
     let q = alloc_with(7000, Some(b));
     {
-        let snap = Snap::take();
+        let snap = Snap::take(0, 0, true);
         assert_eq!(snap.block_at(q).context, b_data);
         assert!(snap.traces().iter().all(|t| t.context.is_null()));
     }
@@ -296,7 +246,7 @@ fn alloc_level_keeps_the_allocation_context_for_frees_and_state_keeps_none_in_en
     let (c, _) = context(12);
     let r = alloc_with(9000, Some(c));
     assert_eq!(released(12), 1);
-    assert!(Snap::take().block_at(r).context.is_null());
+    assert!(Snap::take(0, 0, true).block_at(r).context.is_null());
     free_with(r, None);
     assert_eq!(configure(false, 0, false, &[]), CACHALOT_OK);
 }
@@ -312,7 +262,7 @@ fn turning_it_on_again_keeps_entries_and_clear_drops_them() {
     let q = alloc_with(1 << 20, None);
     assert_eq!(configure(true, 3, false, &[]), CACHALOT_OK);
     {
-        let snap = Snap::take();
+        let snap = Snap::take(0, 0, true);
         assert!(
             snap.traces()
                 .iter()
@@ -326,9 +276,9 @@ fn turning_it_on_again_keeps_entries_and_clear_drops_them() {
         );
     }
     assert_eq!(configure(true, 3, true, &[]), CACHALOT_OK);
-    assert!(Snap::take().traces().is_empty(), "cleared");
+    assert!(Snap::take(0, 0, true).traces().is_empty(), "cleared");
     assert_eq!(
-        Snap::take().block_at(p).context,
+        Snap::take(0, 0, true).block_at(p).context,
         a_data,
         "live blocks keep theirs"
     );
@@ -361,7 +311,7 @@ fn skip_actions_are_not_recorded_and_unknown_ones_refused() {
         let p = alloc_with(4 << 20, None);
         free_with(p, None);
         assert_eq!(cachalot_empty_cache(-1), CACHALOT_OK);
-        let snap = Snap::take();
+        let snap = Snap::take(0, 0, true);
         let names = [
             "alloc",
             "free_requested",
@@ -395,7 +345,7 @@ fn skip_actions_are_not_recorded_and_unknown_ones_refused() {
     free_with(p, None);
     assert_eq!(cachalot_empty_cache(-1), CACHALOT_OK);
     assert!(
-        !Snap::take()
+        !Snap::take(0, 0, true)
             .traces()
             .iter()
             .any(|t| (SEGMENT_ALLOC..=SEGMENT_UNMAP).contains(&t.action)),
@@ -464,7 +414,7 @@ fn compile_context_user_metadata_and_annotations() {
     let rc = unsafe { cachalot_history_record_annotation(0, k.as_ptr(), v.as_ptr(), 2) };
     assert_eq!(rc, CACHALOT_OK);
     {
-        let snap = Snap::take();
+        let snap = Snap::take(0, 0, true);
         let entry = |x: *mut c_void| {
             let t = snap
                 .traces()
@@ -512,7 +462,7 @@ fn compile_context_user_metadata_and_annotations() {
     // SAFETY: two keys and two values.
     let rc = unsafe { cachalot_history_record_annotation(0, k.as_ptr(), v.as_ptr(), 2) };
     assert_eq!(rc, CACHALOT_OK);
-    assert!(Snap::take().annotations().is_empty());
+    assert!(Snap::take(0, 0, true).annotations().is_empty());
 }
 
 #[test]
@@ -527,7 +477,7 @@ fn nested_contexts_restore_the_outer_one() {
     cachalot_context_exit();
     cachalot_context_exit(); // unbalanced: a no-op
     {
-        let snap = Snap::take();
+        let snap = Snap::take(0, 0, true);
         assert_eq!(snap.block_at(p).context, inner_data);
         assert_eq!(snap.block_at(q).context, outer_data);
     }

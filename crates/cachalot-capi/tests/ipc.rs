@@ -4,19 +4,15 @@
 //! by the last `cachalot_ipc_close`), a segment open elsewhere never given
 //! back to the device, and malformed handles as typed errors.
 
-use std::ffi::{CStr, c_void};
+use std::ffi::c_void;
 use std::ptr::null_mut;
 
 use cachalot_capi::drop_in::cachalot_raw_delete;
 use cachalot_capi::ipc::*;
 use cachalot_capi::*;
 
-fn last_error() -> String {
-    let p = cachalot_last_error();
-    assert!(!p.is_null(), "no last error");
-    // SAFETY: a NUL-terminated string valid until the next call.
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-}
+mod common;
+use common::*;
 
 fn share(p: *mut c_void) -> Result<(Vec<u8>, u64), (i32, usize)> {
     let mut buf = [0u8; 256];
@@ -36,14 +32,6 @@ fn open(device: i32, h: &[u8]) -> Result<*mut c_void, i32> {
     if rc == CACHALOT_OK { Ok(out) } else { Err(rc) }
 }
 
-fn alloc(size: usize) -> *mut c_void {
-    let mut p = null_mut();
-    // SAFETY: `p` is a valid out-pointer.
-    let rc = unsafe { drop_in::cachalot_alloc(size, 0, null_mut(), &mut p) };
-    assert_eq!(rc, CACHALOT_OK, "{}", last_error());
-    p
-}
-
 #[test]
 fn share_open_close_on_two_processes() {
     // SAFETY: this test binary runs this one test, before any thread reads
@@ -60,8 +48,8 @@ fn share_open_close_on_two_processes() {
     cachalot_set_error_logging(0);
 
     // a fixed segment: 'c'
-    let a = alloc(512);
-    let b = alloc(3000);
+    let a = alloc(512, null_mut());
+    let b = alloc(3000, null_mut());
     let (h, off) = share(b).unwrap();
     assert_eq!((h.len(), h[0], h[1]), (66, 2, b'c'));
     assert_eq!(
@@ -91,7 +79,7 @@ fn share_open_close_on_two_processes() {
     // SAFETY: a NUL-terminated literal.
     let rc = unsafe { cachalot_set_config(c"expandable_segments:True,placement:pytorch".as_ptr()) };
     assert_eq!(rc, CACHALOT_OK);
-    let c = alloc(4 << 20);
+    let c = alloc(4 << 20, null_mut());
     let (h, off) = share(c).unwrap();
     assert_eq!((h[0], h[1], off), (2, b'e', 0));
     let Ok(Decoded::Pages { pid, page, fds }) = decode(&h) else {
@@ -116,7 +104,7 @@ fn share_open_close_on_two_processes() {
         "{}",
         last_error()
     );
-    let d = alloc(4096);
+    let d = alloc(4096, null_mut());
     let mut tiny = [0u8; 4];
     let (mut len, mut off) = (0usize, 0u64);
     // SAFETY: a 4-byte buffer and two valid out-pointers.

@@ -4,22 +4,20 @@
 //! segment trackers that see every segment event.
 
 use std::collections::HashMap;
-use std::ffi::{CStr, c_char, c_int, c_void};
+use std::ffi::{c_char, c_int, c_void};
 use std::ptr::null_mut;
 use std::sync::{Mutex, MutexGuard};
 
 use cachalot_capi::drop_in::*;
 use cachalot_capi::*;
 
+mod common;
+use common::*;
+
 const MIB: usize = 1 << 20;
 
-static LOCK: Mutex<()> = Mutex::new(());
-
 fn setup(config: &std::ffi::CStr) -> MutexGuard<'static, ()> {
-    let g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    // SAFETY: a NUL-terminated literal.
-    assert_eq!(unsafe { cachalot_init(c"mock".as_ptr()) }, CACHALOT_OK);
-    cachalot_set_error_logging(0);
+    let g = lock_mock();
     // SAFETY: a NUL-terminated string.
     let rc = unsafe { cachalot_set_config(config.as_ptr()) };
     assert_eq!(rc, CACHALOT_OK, "{}", last_error());
@@ -29,35 +27,14 @@ fn setup(config: &std::ffi::CStr) -> MutexGuard<'static, ()> {
     g
 }
 
-fn last_error() -> String {
-    let p = cachalot_last_error();
-    if p.is_null() {
-        return "no error".into();
-    }
-    // SAFETY: a NUL-terminated string valid until the next call.
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+/// An allocation's address (as the user's allocator's are kept).
+fn alloc_addr(size: usize) -> Result<u64, (c_int, String)> {
+    try_alloc(size).map(|p| p.addr() as u64)
 }
 
-fn alloc(size: usize) -> Result<u64, (c_int, String)> {
-    let mut p = null_mut();
-    // SAFETY: `p` is a valid out-pointer.
-    let rc = unsafe { cachalot_alloc(size, 0, null_mut(), &mut p) };
-    if rc == CACHALOT_OK {
-        Ok(p.addr() as u64)
-    } else {
-        Err((rc, last_error()))
-    }
-}
-
-fn alloc_in(pool: (u64, u64), size: usize) -> Result<u64, (c_int, String)> {
-    let mut p = null_mut();
-    // SAFETY: `p` is a valid out-pointer.
-    let rc = unsafe { cachalot_alloc_in_pool(size, 0, null_mut(), pool.0, pool.1, &mut p) };
-    if rc == CACHALOT_OK {
-        Ok(p.addr() as u64)
-    } else {
-        Err((rc, last_error()))
-    }
+/// A pool allocation's address.
+fn alloc_in_addr(pool: (u64, u64), size: usize) -> Result<u64, (c_int, String)> {
+    try_alloc_in(pool, size).map(|p| p.addr() as u64)
 }
 
 fn free(a: u64) {
@@ -65,27 +42,13 @@ fn free(a: u64) {
     assert_eq!(cachalot_raw_delete(p, 0), CACHALOT_OK, "{}", last_error());
 }
 
-fn ok(rc: c_int) {
-    assert_eq!(rc, CACHALOT_OK, "{}", last_error());
-}
-
 /// (segment address, total size, is_expandable, block sizes and states)
 type Seg = (u64, u64, bool, Vec<(u64, i32)>);
 
 fn segments(pool: (u64, u64)) -> Vec<Seg> {
-    let mut snap = null_mut();
-    // SAFETY: valid out-pointer.
-    ok(unsafe { cachalot_snapshot(0, pool.0, pool.1, 0, &mut snap) });
-    // SAFETY: a live snapshot.
-    let s = unsafe { &*snap };
-    // SAFETY: cachalot's arrays, valid while the snapshot lives.
-    let (segs, blocks) = unsafe {
-        (
-            std::slice::from_raw_parts(s.segments, s.num_segments),
-            std::slice::from_raw_parts(s.blocks, s.num_blocks),
-        )
-    };
-    let out = segs
+    let snap = Snap::take(pool.0, pool.1, false);
+    let blocks = snap.blocks();
+    snap.segments()
         .iter()
         .filter(|g| (g.pool_hi, g.pool_lo) == pool || pool == (0, 0))
         .map(|g| {
@@ -97,10 +60,7 @@ fn segments(pool: (u64, u64)) -> Vec<Seg> {
                 b.iter().map(|b| (b.size, b.state)).collect(),
             )
         })
-        .collect();
-    // SAFETY: from cachalot_snapshot, released once.
-    unsafe { cachalot_snapshot_free(snap) };
-    out
+        .collect()
 }
 
 // ----- a user's allocator: C functions over a fake address range -----
@@ -276,10 +236,10 @@ fn a_pool_takes_every_segment_from_its_allocator() {
     ok(unsafe { cachalot_pool_use_count(0, pool.0, pool.1, &mut n) });
     assert_eq!(n, 1);
     // three 1 MiB blocks: two share the first 2 MiB small segment
-    let a = alloc_in(pool, MIB).unwrap();
-    let b = alloc_in(pool, MIB).unwrap();
+    let a = alloc_in_addr(pool, MIB).unwrap();
+    let b = alloc_in_addr(pool, MIB).unwrap();
     assert_eq!(f.lock().unwrap().allocs, 1);
-    let c = alloc_in(pool, MIB).unwrap();
+    let c = alloc_in_addr(pool, MIB).unwrap();
     assert_eq!(f.lock().unwrap().allocs, 2);
     for x in [a, b, c] {
         assert!((FAKE_BASE..FAKE_BASE + (1 << 40)).contains(&x), "{x:#x}");
@@ -291,7 +251,7 @@ fn a_pool_takes_every_segment_from_its_allocator() {
         "{segs:?}"
     );
     // a default-pool allocation beside it is an expandable mapping
-    let d = alloc(3 * MIB).unwrap();
+    let d = alloc_addr(3 * MIB).unwrap();
     assert!(!(FAKE_BASE..FAKE_BASE + (1 << 40)).contains(&d));
     assert!(
         segments((0, 0)).iter().any(|s| s.2),
@@ -369,7 +329,7 @@ fn a_misbehaving_allocator_is_a_typed_error() {
     assert_eq!(h.lock().unwrap().released, 1);
     // the allocator fails: its message in cachalot's error
     f.lock().unwrap().fail_next = Some(7);
-    let (rc, msg) = alloc_in(pool, 4 * MIB).unwrap_err();
+    let (rc, msg) = alloc_in_addr(pool, 4 * MIB).unwrap_err();
     assert_eq!(rc, CACHALOT_ERR_BACKEND, "{msg}");
     assert!(
         msg.contains("fake allocator refused") && msg.contains("code 7"),
@@ -379,12 +339,12 @@ fn a_misbehaving_allocator_is_a_typed_error() {
     // answers 99: not one of its own; cachalot warns and goes on)
     let base = f.lock().unwrap().base;
     f.lock().unwrap().bad_next = Some(base + (1 << 30) + 8);
-    let (rc, msg) = alloc_in(pool, 4 * MIB).unwrap_err();
+    let (rc, msg) = alloc_in_addr(pool, 4 * MIB).unwrap_err();
     assert_eq!(rc, CACHALOT_ERR_BACKEND, "{msg}");
     assert!(msg.contains("not aligned"), "{msg}");
     // NULL from the allocator: out of memory, as PyTorch reads it
     f.lock().unwrap().oom = true;
-    let (rc, msg) = alloc_in(pool, 4 * MIB).unwrap_err();
+    let (rc, msg) = alloc_in_addr(pool, 4 * MIB).unwrap_err();
     assert_eq!(rc, CACHALOT_ERR_OUT_OF_MEMORY, "{msg}");
     assert!(
         msg.contains("CUDA out of memory. Tried to allocate 20.00 MiB"),
@@ -392,9 +352,9 @@ fn a_misbehaving_allocator_is_a_typed_error() {
     );
     f.lock().unwrap().oom = false;
     // an address inside a segment of the device: refused
-    let x = alloc_in(pool, 4 * MIB).unwrap();
+    let x = alloc_in_addr(pool, 4 * MIB).unwrap();
     f.lock().unwrap().bad_next = Some(x);
-    let (rc, msg) = alloc_in(pool, 30 * MIB).unwrap_err();
+    let (rc, msg) = alloc_in_addr(pool, 30 * MIB).unwrap_err();
     assert_eq!(rc, CACHALOT_ERR_BACKEND, "{msg}");
     assert!(msg.contains("overlaps"), "{msg}");
     free(x);
@@ -425,31 +385,31 @@ fn use_on_oom_pools_lend_their_cached_blocks() {
         (reserved + 80.0 * MIB as f64) / total as f64,
     ));
 
-    let k = alloc_in(keeper, 40 * MIB).unwrap();
-    let l = alloc_in(lender, 40 * MIB).unwrap();
-    let (rc, _) = alloc(40 * MIB).unwrap_err();
+    let k = alloc_in_addr(keeper, 40 * MIB).unwrap();
+    let l = alloc_in_addr(lender, 40 * MIB).unwrap();
+    let (rc, _) = alloc_addr(40 * MIB).unwrap_err();
     assert_eq!(rc, CACHALOT_ERR_OUT_OF_MEMORY);
     free(k);
     free(l);
     // both pools hold a free 40 MiB block; only the lender's may be taken
-    let c = alloc(30 * MIB).unwrap();
+    let c = alloc_addr(30 * MIB).unwrap();
     assert_eq!(c, l, "not the lender's block");
-    let (rc, msg) = alloc(30 * MIB).unwrap_err();
+    let (rc, msg) = alloc_addr(30 * MIB).unwrap_err();
     assert_eq!(rc, CACHALOT_ERR_OUT_OF_MEMORY, "{msg}");
     free(c);
     // the block went back to the lender, whole again
-    assert_eq!(alloc_in(lender, 20 * MIB).unwrap(), l);
+    assert_eq!(alloc_in_addr(lender, 20 * MIB).unwrap(), l);
     let segs = segments(lender);
     assert_eq!(segs.len(), 1);
     free(l);
     // turned off: nothing is lent
     ok(cachalot_pool_set_use_on_oom(0, lender.0, lender.1, 0));
-    assert!(alloc(30 * MIB).is_err());
+    assert!(alloc_addr(30 * MIB).is_err());
     // released pools lend nothing either (their free blocks go)
     ok(cachalot_pool_set_use_on_oom(0, lender.0, lender.1, 1));
     ok(cachalot_pool_release(0, lender.0, lender.1));
     ok(cachalot_pool_release(0, keeper.0, keeper.1));
-    let x = alloc(30 * MIB).unwrap();
+    let x = alloc_addr(30 * MIB).unwrap();
     assert!(segments(lender).is_empty());
     free(x);
     // bad ids
@@ -474,8 +434,8 @@ fn no_split_pools_hand_out_whole_blocks() {
     ok(cachalot_pool_set_no_split(0, whole.0, whole.1));
     let mut mine = Vec::new();
     for _ in 0..2 {
-        mine.push(alloc_in(split, 4 * MIB).unwrap());
-        mine.push(alloc_in(whole, 4 * MIB).unwrap());
+        mine.push(alloc_in_addr(split, 4 * MIB).unwrap());
+        mine.push(alloc_in_addr(whole, 4 * MIB).unwrap());
     }
     // 4 MiB requests take 20 MiB segments: shared when split, one each not
     let s = segments(split);
@@ -499,7 +459,7 @@ fn trackers_see_every_segment_event_of_the_default_pools() {
     let _g = setup(c"expandable_segments:False");
     attach_tracker_once();
     // fixed segments: alloc and free
-    let a = alloc(30 * MIB).unwrap();
+    let a = alloc_addr(30 * MIB).unwrap();
     free(a);
     ok(cachalot_empty_cache(0));
     let ev = events().clone();
@@ -516,7 +476,7 @@ fn trackers_see_every_segment_event_of_the_default_pools() {
     events().clear();
     // SAFETY: a NUL-terminated literal.
     ok(unsafe { cachalot_set_config(c"expandable_segments:True".as_ptr()) });
-    let b = alloc(6 * MIB).unwrap();
+    let b = alloc_addr(6 * MIB).unwrap();
     free(b);
     ok(cachalot_empty_cache(0));
     let ev = events().clone();

@@ -12,7 +12,7 @@
 //! of 3.8 M in 10 s with 8 threads.)
 
 use std::collections::HashSet;
-use std::ffi::{CStr, c_int, c_void};
+use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
@@ -20,14 +20,8 @@ use std::sync::{Arc, Barrier};
 use cachalot_capi::drop_in::*;
 use cachalot_capi::*;
 
-fn last_error() -> String {
-    let p = cachalot_last_error();
-    if p.is_null() {
-        return "no error".into();
-    }
-    // SAFETY: a NUL-terminated string valid until the next call.
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-}
+mod common;
+use common::*;
 
 /// A pointer as an integer, to send between threads.
 fn addr(p: *mut c_void) -> u64 {
