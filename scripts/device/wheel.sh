@@ -28,7 +28,8 @@
 #    DDP over NCCL;
 # 6. prints the table last; exit 0 when every row is ok.
 #
-# Logs under $OUT (a temp folder when unset).
+# Logs under $OUT (a temp folder when unset). SUITE_ARGS: more pytest
+# arguments for step 4 (e.g. -k "not slow").
 set -u
 cd "$(dirname "$0")/../.." || exit 2
 ROOT=$PWD
@@ -152,7 +153,8 @@ for a in native cachalot; do
   export CACHALOT_ALLOC_CONF=$conf CACHALOT_TEST_JSON=$OUT/tests-$a.json \
     CACHALOT_TEST_RESULTS=$OUT/results-$a.json CACHALOT_TEST_WHERE=$OUT/where-$a.txt
   if [ $RUNNER = pytest ]; then
-    timeout 300 "$VPY" -m pytest tests -q -p no:cacheprovider --allocator $a >"$OUT/tests-$a.log" 2>&1
+    # shellcheck disable=SC2086
+    timeout 300 "$VPY" -m pytest tests -q -rfE -p no:cacheprovider --allocator $a ${SUITE_ARGS:-} >"$OUT/tests-$a.log" 2>&1
   else
     timeout 300 "$VPY" tests/minirun.py --allocator $a >"$OUT/tests-$a.log" 2>&1
   fi
@@ -171,7 +173,8 @@ print(c['passed'], c['failed'], c['skipped'])" "$OUT/tests-$a.json" 2>/dev/null 
     row "drop-in suite: $a" ok "$detail"
   else
     row "drop-in suite: $a" FAIL "exit $rc, $detail"
-    tail -20 "$OUT/tests-$a.log"
+    grep -E '^(FAILED|ERROR)' "$OUT/tests-$a.log" | cut -c1-300
+    tail -3 "$OUT/tests-$a.log"
   fi
 done
 if same=$("$VPY" -c "
