@@ -70,7 +70,10 @@ fn level_all_keeps_the_allocation_context_with_block_segment_and_entries() {
         .iter()
         .find(|g| g.blocks.iter().any(|b| b.address == p))
         .unwrap();
-    assert_eq!(seg.context, Some(a.clone()), "the segment it created");
+    assert_eq!(
+        seg.context, None,
+        "as PyTorch's: the split gives the segment's start to a new block, without the segment's context"
+    );
     let e = entries(&s, TraceAction::Alloc, p);
     assert_eq!(e.len(), 1);
     assert_eq!((e[0].size, e[0].context.clone()), (3000, Some(a.clone())));
@@ -147,7 +150,14 @@ fn segment_release_carries_the_segments_context_or_the_callers() {
     on(&d, RecordContext::All);
     let (a, _) = ctx();
     let p = with_context(Some(a.clone()), || d.alloc(30 * MIB));
-    let seg = d.a.snapshot().segments[0].address;
+    let snap = d.a.snapshot();
+    let seg = snap.segments[0].address;
+    assert_eq!(
+        snap.segments[0].context,
+        Some(a.clone()),
+        "the whole segment is one block: its context stays with the segment"
+    );
+    drop(snap);
     d.free(p);
     d.a.empty_cache().unwrap();
     let s = d.a.snapshot();

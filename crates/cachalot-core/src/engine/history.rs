@@ -312,8 +312,13 @@ pub(crate) struct History {
     pub annotations: VecDeque<Annotation>,
     /// The context of each live block's allocation, by address.
     blocks: HashMap<u64, HistoryContext>,
-    /// The context of each segment's (mapped range's) allocation, by start.
-    segments: BTreeMap<u64, HistoryContext>,
+    /// The context of each segment's (mapped range's) allocation and its
+    /// size, by start. As PyTorch's `context_when_segment_allocated`, it
+    /// lives on the segment's first block: an allocation at the start that
+    /// splits that block (smaller than the segment) hands the start to a
+    /// new block without it, so the snapshot's segment then has no frames
+    /// (the segment-free entry falls back to the free's own context).
+    segments: BTreeMap<u64, (HistoryContext, u64)>,
 }
 
 impl History {
@@ -362,6 +367,9 @@ impl History {
                     (Some(c), true) => self.blocks.insert(addr, c.clone()),
                     _ => self.blocks.remove(&addr),
                 };
+                if self.segments.get(&addr).is_some_and(|(_, seg)| size < *seg) {
+                    self.segments.remove(&addr);
+                }
                 current
             }
             TraceAction::FreeRequested => current.or_else(|| self.blocks.get(&addr).cloned()),
@@ -371,7 +379,7 @@ impl History {
             }
             TraceAction::SegmentAlloc | TraceAction::SegmentMap => {
                 if let (Some(c), true) = (&current, keep) {
-                    self.segments.insert(addr, c.clone());
+                    self.segments.insert(addr, (c.clone(), size));
                 }
                 current
             }
@@ -380,7 +388,7 @@ impl History {
                 let mut inside = self.segments.split_off(&addr);
                 let mut after = inside.split_off(&addr.saturating_add(size.max(1)));
                 self.segments.append(&mut after);
-                current.or_else(|| inside.into_values().next())
+                current.or_else(|| inside.into_values().next().map(|(c, _)| c))
             }
             TraceAction::Oom | TraceAction::Snapshot => current,
         }
@@ -436,7 +444,7 @@ impl History {
                 .segments
                 .range(seg.address..end)
                 .next()
-                .map(|(_, c)| c.clone());
+                .map(|(_, (c, _))| c.clone());
             for b in &mut seg.blocks {
                 if b.state != BlockState::Inactive {
                     b.context = self.blocks.get(&b.address).cloned();
