@@ -60,11 +60,19 @@ std::string last_error() {
   return m ? std::string(m) : std::string("unknown error");
 }
 
-#define CACHALOT_CHECK(call)                                              \
-  do {                                                                    \
-    int rc_ = (call);                                                     \
-    TORCH_CHECK(rc_ == CACHALOT_OK, "cachalot: ", last_error(), " (code ", \
-                rc_, ")");                                                \
+// The messages of the errors the shim raises are built as one std::string
+// and handed to TORCH_CHECK alone: with several arguments c10::str formats
+// them through a std::ostringstream instantiated in this library, which
+// crashed (SIGSEGV in ostream::_M_insert<long>) inside PyTorch's Python
+// process on the GPU machine, where the string alone goes through as is.
+std::string failure(int rc) {
+  return "cachalot: " + last_error() + " (code " + std::to_string(rc) + ")";
+}
+
+#define CACHALOT_CHECK(call)                 \
+  do {                                       \
+    int rc_ = (call);                        \
+    TORCH_CHECK(rc_ == CACHALOT_OK, failure(rc_)); \
   } while (0)
 
 // ----- memory history: contexts -----
@@ -269,7 +277,7 @@ void on_segment(void*, const cachalot_segment_event_t* e) {
 // (in PYTORCH_CUDA_ALLOC_CONF too).
 void forward_settings(const std::string& env) {
   if (cachalot_set_config(env.c_str()) != CACHALOT_OK) {
-    TORCH_CHECK_VALUE(false, "cachalot: ", last_error());
+    TORCH_CHECK_VALUE(false, "cachalot: " + last_error());
   }
 }
 
@@ -537,8 +545,8 @@ class CachalotAllocator final : public CCA::CUDAAllocator {
       std::lock_guard<std::mutex> g(ctx_mu_);
       for (const auto& c : contexts_) {
         TORCH_CHECK(!(c.device == device && c.id == id),
-                    "cachalot: beginAllocateToPool: already recording to mempool (", id.first, ", ",
-                    id.second, ")");
+                    "cachalot: beginAllocateToPool: already recording to mempool (" +
+                        std::to_string(id.first) + ", " + std::to_string(id.second) + ")");
       }
     }
     cudaStream_t cur = c10::cuda::getCurrentCUDAStream(device).stream();
@@ -695,7 +703,7 @@ class CachalotAllocator final : public CCA::CUDAAllocator {
       if (colon != std::string::npos) msg = msg.substr(colon + 2);
       TORCH_CHECK_WITH(OutOfMemoryError, false, msg);
     }
-    TORCH_CHECK(false, "cachalot: ", msg, " (code ", rc, ")");
+    TORCH_CHECK(false, "cachalot: " + msg + " (code " + std::to_string(rc) + ")");
   }
 
   // Every allocation: with the history gathering, under a context scope;
@@ -742,7 +750,7 @@ CCA::SnapshotInfo CachalotAllocator::snapshot(c10::MempoolId_t id, bool include_
   using c10::CachingDeviceAllocator::TraceEntry;
   CCA::SnapshotInfo out;
   int n = cachalot_device_count();
-  TORCH_CHECK(n >= 0, "cachalot: ", last_error());
+  TORCH_CHECK(n >= 0, "cachalot: " + last_error());
   // one list per device with traces; none without (as PyTorch)
   if (include_traces) out.device_traces.resize(n);
   for (int d = 0; d < n; ++d) {

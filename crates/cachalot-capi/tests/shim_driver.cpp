@@ -329,7 +329,9 @@ static void history_checks() {
         at += b.size;
       }
       if (s.address <= reinterpret_cast<size_t>(a) && reinterpret_cast<size_t>(a) < s.address + s.total_size)
-        seg = id_of(s.context_when_allocated) == a_id;
+        // as PyTorch's: the split gave the segment's start to a new block,
+        // without the segment's context
+        seg = !s.context_when_allocated;
     }
     for (const auto& te : snap.device_traces[0]) {
       if (te.action_ == TE::ALLOC && te.addr_ == reinterpret_cast<size_t>(a)) {
