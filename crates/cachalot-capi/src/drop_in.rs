@@ -911,14 +911,7 @@ fn build_snapshot(dev: &DeviceAllocator, pool: PoolId, include_traces: bool) -> 
     if include_traces {
         extras.annotations(&snap.annotations, device);
     }
-    let mut divisions = [0u64; 16];
-    for (d, s) in divisions
-        .iter_mut()
-        .zip(cfg.roundup_power2_divisions.iter())
-    {
-        *d = *s;
-    }
-    let last_config = CString::new(cfg.last_config_string.replace('\0', "")).unwrap_or_default();
+    let (config, last_config) = CachalotConfigInfo::of(&cfg);
     let mut owned = Box::new(OwnedSnapshot {
         public: CachalotSnapshot {
             segments: std::ptr::null(),
@@ -927,13 +920,11 @@ fn build_snapshot(dev: &DeviceAllocator, pool: PoolId, include_traces: bool) -> 
             num_blocks: blocks.len(),
             traces: std::ptr::null(),
             num_traces: traces.len(),
-            max_split_size: cfg.max_split_size,
-            garbage_collection_threshold: cfg.garbage_collection_threshold,
-            expandable_segments: i32::from(cfg.expandable_segments),
-            graph_capture_record_stream_reuse: i32::from(
-                cfg.graph_capture_record_stream_reuse != cachalot::core::config::CaptureReuse::Off,
-            ),
-            roundup_power2_divisions: divisions,
+            max_split_size: config.max_split_size,
+            garbage_collection_threshold: config.garbage_collection_threshold,
+            expandable_segments: config.expandable_segments,
+            graph_capture_record_stream_reuse: config.graph_capture_record_stream_reuse,
+            roundup_power2_divisions: config.roundup_power2_divisions,
             last_config: std::ptr::null(),
             annotations: std::ptr::null(),
             num_annotations: 0,

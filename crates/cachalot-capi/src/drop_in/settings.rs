@@ -45,6 +45,33 @@ pub struct CachalotConfigInfo {
     pub last_config: *const c_char,
 }
 
+impl CachalotConfigInfo {
+    /// The C view of `cfg` (the snapshot's settings too), `last_config`
+    /// NULL, and the last configuration string (NULs dropped) for
+    /// `last_config` to point to while it lives.
+    pub(crate) fn of(cfg: &AllocatorConfig) -> (Self, CString) {
+        let mut divisions = [0u64; 16];
+        for (d, s) in divisions
+            .iter_mut()
+            .zip(cfg.roundup_power2_divisions.iter())
+        {
+            *d = *s;
+        }
+        let last = CString::new(cfg.last_config_string.replace('\0', "")).unwrap_or_default();
+        let info = CachalotConfigInfo {
+            max_split_size: cfg.max_split_size,
+            garbage_collection_threshold: cfg.garbage_collection_threshold,
+            expandable_segments: i32::from(cfg.expandable_segments),
+            graph_capture_record_stream_reuse: i32::from(
+                cfg.graph_capture_record_stream_reuse != CaptureReuse::Off,
+            ),
+            roundup_power2_divisions: divisions,
+            last_config: std::ptr::null(),
+        };
+        (info, last)
+    }
+}
+
 thread_local! {
     static LAST: std::cell::RefCell<CString> = std::cell::RefCell::new(CString::default());
 }
@@ -71,31 +98,13 @@ pub unsafe extern "C" fn cachalot_current_config(
                 None => AllocatorConfig::from_env()?,
             },
         };
-        let mut divisions = [0u64; 16];
-        for (d, s) in divisions
-            .iter_mut()
-            .zip(cfg.roundup_power2_divisions.iter())
-        {
-            *d = *s;
-        }
-        let last = CString::new(cfg.last_config_string.replace('\0', "")).unwrap_or_default();
-        let last_ptr = LAST.with(|l| {
+        let (mut info, last) = CachalotConfigInfo::of(&cfg);
+        info.last_config = LAST.with(|l| {
             *l.borrow_mut() = last;
             l.borrow().as_ptr()
         });
         // SAFETY: non-NULL and valid for writes by the caller's contract.
-        unsafe {
-            out.write(CachalotConfigInfo {
-                max_split_size: cfg.max_split_size,
-                garbage_collection_threshold: cfg.garbage_collection_threshold,
-                expandable_segments: i32::from(cfg.expandable_segments),
-                graph_capture_record_stream_reuse: i32::from(
-                    cfg.graph_capture_record_stream_reuse != CaptureReuse::Off,
-                ),
-                roundup_power2_divisions: divisions,
-                last_config: last_ptr,
-            })
-        };
+        unsafe { out.write(info) };
         Ok(())
     })
 }
