@@ -3,6 +3,7 @@ import it, and it imports nothing of the test runner's)."""
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -57,12 +58,19 @@ def producer(allocator, conf, tensors, to_producer, to_consumer, out):
         torch.cuda.synchronize()
         still = torch.cuda.memory_allocated() - 8 * N * 4
         assert still >= held, f"the shared block was freed while the consumer holds it ({still} < {held})"
-        del fresh
+        del fresh, f  # (the loop variable holds the last one)
         to_consumer.put("check-again")
         assert to_producer.get(timeout=TIMEOUT) == "released"
-        torch.cuda.ipc_collect()
-        torch.cuda.synchronize()
-        after = torch.cuda.memory_allocated()
+        # the consumer's release reaches the producer's reference count
+        # when its storage is deallocated; collect until it did
+        deadline = time.monotonic() + 30
+        while True:
+            torch.cuda.ipc_collect()
+            torch.cuda.synchronize()
+            after = torch.cuda.memory_allocated()
+            if after <= held - nbytes or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         assert after <= held - nbytes, f"released by the consumer but still allocated ({after} > {held} - {nbytes})"
         out.put(("producer", "ok"))
     except BaseException as e:  # reported to the conductor
@@ -79,6 +87,7 @@ def consumer(allocator, tensors, to_producer, to_consumer, out):
             out.put(("consumer", "nothing received: the producer failed"))
             return
         t, view = item
+        del item  # only t and view hold the received tensors
         assert t.is_cuda and view.is_cuda
         assert view.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
         want = torch.arange(N, dtype=torch.float32, device="cuda")

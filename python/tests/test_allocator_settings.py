@@ -19,7 +19,10 @@ def settings():
 
 
 def active_delta(n_bytes):
-    """active_bytes.all.allocated grows by this much for an n_bytes tensor."""
+    """active_bytes.all.allocated grows by this much for an n_bytes tensor
+    (on an empty cache: a cached block of an earlier, larger rounding is
+    handed out whole when `max_split_size` keeps it from being split)."""
+    torch.cuda.empty_cache()
     before = torch.cuda.memory_stats()["active_bytes.all.allocated"]
     t = torch.empty(n_bytes, dtype=torch.uint8, device="cuda")
     after = torch.cuda.memory_stats()["active_bytes.all.allocated"]

@@ -5,6 +5,7 @@ so that PyTorch's own code produces the frames, the plots and the events.
 """
 
 import base64
+import copy
 import json
 import pickle
 import re
@@ -13,6 +14,8 @@ import torch
 from torch.cuda import _memory_viz
 
 N = 311 * 411  # floats: a request no other allocation of these tests makes
+# (a test that fails keeps its tensors alive in pytest's report: each test
+# below asks for its own size, so that one failure does not cascade)
 
 
 def _snapshot_of_plot(html: str) -> dict:
@@ -33,17 +36,20 @@ def _block(snap: dict, requested: int) -> dict:
     return hits[0]
 
 
-def allocate_in_named_function():
-    return torch.empty(N, dtype=torch.float32, device="cuda")
+def allocate_in_named_function(n=N):
+    return torch.empty(n, dtype=torch.float32, device="cuda")
+
+
+BIG = 3 * (1 << 20) + 7  # floats: over 10 MiB, a segment of its own
 
 
 def test_block_frames_name_the_allocating_function():
     torch.cuda.empty_cache()
     torch.cuda.memory._record_memory_history("state", stacks="python")
     try:
-        x = allocate_in_named_function()
+        x = allocate_in_named_function(BIG)
         snap = torch.cuda.memory._snapshot()
-        b = _block(snap, N * 4)
+        b = _block(snap, BIG * 4)
         frames = b["frames"]
         assert frames and "test_history_frames" in frames[0]["filename"], frames[:3]
         assert "allocate_in_named_function" in _names(frames)
@@ -57,7 +63,8 @@ def test_block_frames_name_the_allocating_function():
                     assert at == x.untyped_storage().data_ptr()
                 at += blk["size"]
         assert "frames" in snap["segments"][0]
-        # "state" keeps one entry: after empty_cache it is a segment release
+        # "state" keeps one entry: after empty_cache it is the release of
+        # the tensor's segment (no other block shares it)
         del x
         torch.cuda.empty_cache()
         last = torch.cuda.memory._snapshot()["device_traces"][0][-1]
@@ -88,8 +95,10 @@ def test_trace_plot_and_flamegraph_views_carry_the_frames():
         frees = [e for e in trace if e["action"] == "free_requested" and e["size"] == N * 4]
         assert len(frees) == 1 and "thefree" in _names(frees[0]["frames"]), frees
         assert all(e["compile_context"] == "N/A" and e["user_metadata"] == "" for e in trace)
-        for html in (_memory_viz.trace_plot(snap), _memory_viz.trace_plot(snap, filter_freed=True),
-                     _memory_viz.segment_plot(snap)):
+        # (filter_freed edits the snapshot it is given: each view gets a copy)
+        for html in (_memory_viz.trace_plot(copy.deepcopy(snap)),
+                     _memory_viz.trace_plot(copy.deepcopy(snap), filter_freed=True),
+                     _memory_viz.segment_plot(copy.deepcopy(snap))):
             assert "<html" in html.lower() or "<script" in html.lower()
             text = json.dumps(_snapshot_of_plot(html), default=str)
             assert "thealloc" in text
@@ -114,12 +123,12 @@ def test_trace_plot_and_flamegraph_views_carry_the_frames():
 def test_dump_snapshot_pickle_has_frames(tmp_path):
     torch.cuda.memory._record_memory_history(stacks="python")
     try:
-        x = allocate_in_named_function()
+        x = allocate_in_named_function(N + 1)
         path = tmp_path / "snap.pickle"
         torch.cuda.memory._dump_snapshot(str(path))
         with open(path, "rb") as f:
             loaded = pickle.load(f)
-        assert "allocate_in_named_function" in _names(_block(loaded, N * 4)["frames"])
+        assert "allocate_in_named_function" in _names(_block(loaded, (N + 1) * 4)["frames"])
         del x
     finally:
         torch.cuda.memory._record_memory_history(None)
@@ -200,8 +209,8 @@ def test_cpp_frames_with_stacks_all():
     torch.cuda.empty_cache()
     torch.cuda.memory._record_memory_history("state", stacks="all")
     try:
-        x = torch.rand(311, 411, device="cuda")
-        b = _block(torch.cuda.memory._snapshot(), N * 4)
+        x = torch.rand(313, 411, device="cuda")
+        b = _block(torch.cuda.memory._snapshot(), 313 * 411 * 4)
         assert "::rand" in str(b["frames"]), _names(b["frames"])[:20]
         assert "test_cpp_frames_with_stacks_all" in _names(b["frames"])
         del x

@@ -37,7 +37,9 @@ pub struct BlockSnapshot {
     pub address: u64,
     /// Block size.
     pub size: u64,
-    /// Bytes requested by the caller (0 when inactive).
+    /// Bytes requested by the caller; for an inactive block, those of the
+    /// last allocation whose free left it (0 for a block never handed
+    /// out), as PyTorch's `requested_size`.
     pub requested_size: u64,
     /// State.
     pub state: BlockState,
@@ -139,11 +141,7 @@ impl<B: Backend> Inner<B> {
                 s.blocks.push(BlockSnapshot {
                     address: b.addr,
                     size: b.size,
-                    requested_size: if state == BlockState::Inactive {
-                        0
-                    } else {
-                        b.requested
-                    },
+                    requested_size: b.requested,
                     state,
                     stream: format!("{:?}", b.stream),
                     context: None,

@@ -558,7 +558,9 @@ impl<B: Backend> Inner<B> {
             split_bytes -= self.blocks.absorb_next(id) as i64;
         }
         let b = &mut self.blocks[id];
-        b.requested = 0;
+        // the last request stays with the free block, as PyTorch's
+        // `requested_size` does (its snapshots show it on inactive blocks)
+        b.requested = requested;
         b.event_count = 0;
         if b.expandable {
             let stamp = self.events.stamp();

@@ -412,7 +412,8 @@ impl<S: Copy + Ord> Shard<S> {
             self.slab.set_freed_at(id, self.free_clock);
         }
         let b = &mut self.slab[id];
-        b.requested = 0;
+        // the last request stays with the free block (see `free_block`)
+        b.requested = requested;
         b.event_count = 0;
         debug_assert!(!b.dormant);
         let steady = self.view.config.placement == Placement::Steady;
