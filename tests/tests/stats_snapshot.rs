@@ -132,3 +132,31 @@ fn stats_agree_with_the_snapshot_with_pytorchs_placement() {
 fn stats_agree_with_the_snapshot_with_fixed_segments() {
     random_walk("expandable_segments:False");
 }
+
+#[test]
+fn a_free_block_keeps_its_last_requested_size_as_pytorchs_does() {
+    for config in ["", "placement:pytorch", "expandable_segments:False"] {
+        let d = Dev::new(config);
+        let p = d.alloc(65_536);
+        let q = d.alloc(70_000);
+        d.free(p);
+        let s = d.a.snapshot();
+        let b = s
+            .segments
+            .iter()
+            .flat_map(|g| &g.blocks)
+            .find(|b| b.address == p)
+            .expect("the freed block");
+        assert_eq!(b.state, BlockState::Inactive, "{config}");
+        assert_eq!(b.requested_size, 65_536, "{config}: the last request");
+        // the segment's requested bytes count active blocks only
+        let seg = s
+            .segments
+            .iter()
+            .find(|g| g.blocks.iter().any(|b| b.address == q))
+            .unwrap();
+        assert_eq!(seg.requested_size, 70_000, "{config}");
+        d.free(q);
+        assert_eq!(d.a.stats().requested_bytes.all().current, 0, "{config}");
+    }
+}
