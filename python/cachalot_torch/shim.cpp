@@ -531,7 +531,16 @@ class CachalotAllocator final : public CCA::CUDAAllocator {
   void cacheInfo(c10::DeviceIndex device, size_t* largestBlock) override {
     CACHALOT_CHECK(cachalot_cache_info(device, largestBlock));
   }
-  void* getBaseAllocation(void* ptr, size_t* /*size*/) override { return ptr; }
+  // (legacy IPC helper) the block itself is the unit cachalot shares: its
+  // start and size; an unknown pointer is PyTorch's error
+  void* getBaseAllocation(void* ptr, size_t* size) override {
+    int device = 0;
+    uint64_t bytes = 0;
+    TORCH_CHECK(cachalot_block_lookup(ptr, &device, &bytes) == CACHALOT_OK,
+                "invalid device pointer: " + std::to_string(reinterpret_cast<uintptr_t>(ptr)));
+    if (size) *size = static_cast<size_t>(bytes);
+    return ptr;
+  }
   void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override {
     if (!ptr.get() || ptr.get_deleter() != &delete_fn) return;  // not ours (or empty)
     CACHALOT_CHECK(cachalot_record_stream(ptr.get(), stream.device_index(), raw(stream.stream())));

@@ -190,6 +190,10 @@ int main() {
   size_t largest = 1;
   CCA::cacheInfo(0, &largest);
   CHECK(largest == 15u << 20);  // the rest of q's 20 MiB segment
+  size_t base_size = 0;
+  CHECK(CCA::getBaseAllocation(q, &base_size) == q && base_size == size_t(5) << 20);
+  CHECK(throws<c10::Error>([&] { CCA::getBaseAllocation(reinterpret_cast<void*>(0x1234), &base_size); },
+                           "invalid device pointer"));
   CCA::raw_delete(q);
   CCA::raw_delete(p);
   CHECK(throws<c10::Error>([&] { CCA::raw_delete(p); }, "double free"));
