@@ -221,7 +221,7 @@ impl<S: Copy + Ord> Shard<S> {
     /// engine's `alloc_found_block`), one copy per way of taking it;
     /// `shared`: the shared mirror, claimed ([`Self::shared_sink`]).
     #[inline(always)]
-    fn alloc_found<T: Take>(
+    fn alloc_found<T: Take<S>>(
         &mut self,
         how: T,
         size: u64,
@@ -267,8 +267,12 @@ impl<S: Copy + Ord> Shard<S> {
             }
             let r = &mut self.slab[rid];
             r.gc_base = gc;
-            let (rs, ra) = (r.size, r.addr);
-            how.insert_rest(free, stream, rs, ra, rid);
+            let rest = Found {
+                size: r.size,
+                addr: r.addr,
+                id: rid,
+            };
+            how.insert_rest(free, stream, rest);
         }
         let b = &mut self.slab[id];
         b.state = BState::Allocated;
@@ -467,75 +471,54 @@ impl<S: Copy + Ord> Shard<S> {
     }
 }
 
-/// How a hit takes its block out of the shard's free set, and files the
-/// split remainder.
-trait Take {
+/// How a hit takes its block out of the shard's free set (of streams `S`),
+/// and files the split remainder.
+trait Take<S: Copy + Ord> {
     /// Whether the block may be of an expandable segment.
     const EXPANDABLE: bool;
     /// The block found.
     fn found(&self) -> Found;
     /// Takes it out (`dormant`: its dormant key).
-    fn take<S: Copy + Ord>(&self, free: &mut FreeSet<S>, stream: S, dormant: Option<u64>);
-    /// Files a split remainder.
-    fn insert_rest<S: Copy + Ord>(
-        &self,
-        free: &mut FreeSet<S>,
-        stream: S,
-        size: u64,
-        addr: u64,
-        id: BlockId,
-    );
+    fn take(&self, free: &mut FreeSet<S>, stream: S, dormant: Option<u64>);
+    /// Files the split remainder `rest` (its size, address and id).
+    fn insert_rest(&self, free: &mut FreeSet<S>, stream: S, rest: Found);
 }
 
 /// The best fit of fixed segments: a [`Peeked`] block.
-impl Take for Peeked {
+impl<S: Copy + Ord> Take<S> for Peeked {
     const EXPANDABLE: bool = false;
     #[inline(always)]
     fn found(&self) -> Found {
         self.found
     }
     #[inline(always)]
-    fn take<S: Copy + Ord>(&self, free: &mut FreeSet<S>, _stream: S, _dormant: Option<u64>) {
+    fn take(&self, free: &mut FreeSet<S>, _stream: S, _dormant: Option<u64>) {
         free.take_peeked(self)
     }
     #[inline(always)]
-    fn insert_rest<S: Copy + Ord>(
-        &self,
-        free: &mut FreeSet<S>,
-        _stream: S,
-        size: u64,
-        addr: u64,
-        id: BlockId,
-    ) {
-        free.insert_peeked(self, size, addr, id)
+    fn insert_rest(&self, free: &mut FreeSet<S>, _stream: S, rest: Found) {
+        free.insert_peeked(self, rest.size, rest.addr, rest.id)
     }
 }
 
 /// A block found by its key (the expandable best fit).
 struct ByKey(Found);
 
-impl Take for ByKey {
+impl<S: Copy + Ord> Take<S> for ByKey {
     const EXPANDABLE: bool = true;
     #[inline(always)]
     fn found(&self) -> Found {
         self.0
     }
     #[inline(always)]
-    fn take<S: Copy + Ord>(&self, free: &mut FreeSet<S>, stream: S, dormant: Option<u64>) {
+    fn take(&self, free: &mut FreeSet<S>, stream: S, dormant: Option<u64>) {
         let removed = free.remove(stream, self.0.size, self.0.addr, dormant);
         debug_assert_eq!(removed, Some(self.0.id));
         free.note_out(stream);
     }
     #[inline(always)]
-    fn insert_rest<S: Copy + Ord>(
-        &self,
-        free: &mut FreeSet<S>,
-        stream: S,
-        size: u64,
-        addr: u64,
-        id: BlockId,
-    ) {
-        free.insert(stream, size, addr, id, None)
+    fn insert_rest(&self, free: &mut FreeSet<S>, stream: S, rest: Found) {
+        free.insert(stream, rest.size, rest.addr, rest.id, None)
     }
 }
 
