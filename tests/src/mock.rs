@@ -84,9 +84,14 @@ impl Dev {
     }
     /// Runs the invariant checker.
     pub fn check(&self) {
-        if let Err(e) = self.a.check_invariants() {
-            panic!("invariant violated: {e}");
-        }
+        check(&self.a);
+    }
+}
+
+/// Runs the invariant checker of `a` (panics on a violation: tests only).
+pub fn check(a: &CachingAllocator<MockBackend>) {
+    if let Err(e) = a.check_invariants() {
+        panic!("invariant violated: {e}");
     }
 }
 

@@ -3,23 +3,14 @@
 //! blocks are free, abandoned captures (PyTorch #190308), no release-all
 //! retry and no event query during capture, and typed errors for misuse.
 
-use cachalot_conformance::mock::{FIXED, MIB};
-use cachalot_core::{
-    AllocatorConfig, CachingAllocator, CaptureError, Error, PoolFilter, graph_pool_handle,
-};
-use cachalot_mock::{MockBackend, MockConfig, MockStream};
+use cachalot_conformance::mock::{Dev, FIXED, MIB, check};
+use cachalot_core::{CachingAllocator, CaptureError, Error, PoolFilter, graph_pool_handle};
+use cachalot_mock::{MockBackend, MockStream};
 
 fn setup(capacity: u64) -> (MockBackend, CachingAllocator<MockBackend>, MockStream) {
-    let m = MockConfig::new(capacity).auto_complete(true).build();
-    let a =
-        CachingAllocator::with_config(m.clone(), AllocatorConfig::parse(FIXED).unwrap()).unwrap();
+    let Dev { m, a } = Dev::with_capacity(FIXED, capacity);
     let s = m.create_stream();
     (m, a, s)
-}
-
-fn check(a: &CachingAllocator<MockBackend>) {
-    a.check_invariants()
-        .unwrap_or_else(|e| panic!("invariant: {e}"));
 }
 
 #[test]
@@ -216,9 +207,7 @@ fn capture_skips_the_release_all_retry_and_queries_no_event() {
 fn the_default_gives_private_pools_fixed_segments() {
     use cachalot_mock::MockCall;
     for (config, private_expandable) in [("", false), ("expandable_segments:True", true)] {
-        let m = MockConfig::new(1 << 30).auto_complete(true).build();
-        let a = CachingAllocator::with_config(m.clone(), AllocatorConfig::parse(config).unwrap())
-            .unwrap();
+        let Dev { m, a } = Dev::with_capacity(config, 1 << 30);
         let s = m.create_stream();
         let q = a.allocate(3 * MIB, s).unwrap();
         assert_eq!(m.call_count(MockCall::Malloc), 0, "{config}: default pool");

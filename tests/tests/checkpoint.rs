@@ -3,24 +3,15 @@
 //! them): the layout saved, more allocated and freed, the layout restored
 //! with the same addresses, every invariant holding after each step.
 
-use cachalot_conformance::mock::{FIXED, MIB};
+use cachalot_conformance::mock::{Dev, FIXED, MIB, check};
 use cachalot_core::engine::{BlockState, CheckpointState, PoolCheckpoint};
-use cachalot_core::{
-    AllocatorConfig, CachingAllocator, CaptureError, Error, PoolFilter, PoolId, graph_pool_handle,
-};
-use cachalot_mock::{MockBackend, MockConfig, MockStream};
+use cachalot_core::{CachingAllocator, CaptureError, Error, PoolFilter, PoolId, graph_pool_handle};
+use cachalot_mock::{MockBackend, MockStream};
 
 fn setup(config: &str) -> (MockBackend, CachingAllocator<MockBackend>, MockStream) {
-    let m = MockConfig::new(8 << 30).auto_complete(true).build();
-    let a =
-        CachingAllocator::with_config(m.clone(), AllocatorConfig::parse(config).unwrap()).unwrap();
+    let Dev { m, a } = Dev::with_capacity(config, 8 << 30);
     let s = m.create_stream();
     (m, a, s)
-}
-
-fn check(a: &CachingAllocator<MockBackend>) {
-    a.check_invariants()
-        .unwrap_or_else(|e| panic!("invariant: {e}"));
 }
 
 /// A pool's blocks, segment by segment.

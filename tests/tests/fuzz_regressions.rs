@@ -6,10 +6,63 @@
 use std::path::PathBuf;
 
 use cachalot_conformance::fuzz::engine;
+use cachalot_conformance::mock::Dev;
+use cachalot_core::{Backend, CachingAllocator, PoolFilter};
+use cachalot_mock::{MockBackend, MockStream};
 
 fn inputs(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
     let root = cachalot_conformance::repo_root().join("fuzz");
     cachalot_core::fuzz::committed_inputs(&root, target)
+}
+
+/// `waiter` waits for the work queued on `other` so far (an event).
+fn wait(m: &MockBackend, waiter: MockStream, other: MockStream) {
+    let e = m.create_event().unwrap();
+    m.record_event(&e, other).unwrap();
+    m.stream_wait_event(waiter, &e).unwrap();
+    m.destroy_event(e).unwrap();
+}
+
+/// A mock of `capacity` bytes whose work completes when the test says so,
+/// with `graph_capture_record_stream_reuse:cross_stream`.
+fn cross_stream(capacity: u64) -> Dev {
+    Dev::manual_with_capacity("graph_capture_record_stream_reuse:cross_stream", capacity)
+}
+
+/// The cross-stream findings' program: a capture on `origin` allocates
+/// `first` bytes; `forked`, forked from it, takes `second` bytes from the
+/// rest of the same fresh segment (at `rest_at` bytes after the first
+/// block) and joins back; the capture ends, both blocks are freed, the
+/// graph is destroyed and the pool released, and all work completes.
+fn share_a_capture_segment(
+    d: &Dev,
+    (origin, forked): (MockStream, MockStream),
+    (first, second): (u64, u64),
+    rest_at: u64,
+) {
+    let (m, a) = (&d.m, &d.a);
+    let pool = cachalot_core::graph_pool_handle();
+    a.begin_allocate_to_pool(pool, PoolFilter::CaptureOf(origin))
+        .unwrap();
+    m.begin_capture(origin).unwrap();
+    let x = a.allocate(first, origin).unwrap();
+    m.use_memory(origin, x, first, 1).unwrap();
+    wait(m, forked, origin);
+    let y = a.allocate(second, forked).unwrap();
+    assert_eq!(
+        y,
+        x + rest_at,
+        "the forked stream takes the rest of the origin's fresh segment"
+    );
+    m.use_memory(forked, y, second, 2).unwrap();
+    wait(m, origin, forked);
+    let g = m.end_capture(origin).unwrap();
+    a.end_allocate_to_pool(pool).unwrap();
+    a.free(x).unwrap();
+    a.free(y).unwrap();
+    drop(g);
+    a.release_pool(pool).unwrap();
+    m.complete_all();
 }
 
 #[test]
@@ -48,7 +101,7 @@ fn engine_on_pseudo_random_inputs() {
 /// reused while that stream's eager work on it was still pending.
 #[test]
 fn record_stream_of_an_eager_stream_during_capture_waits_for_its_work() {
-    use cachalot_core::{AllocatorConfig, Backend, CachingAllocator, PoolFilter};
+    use cachalot_core::AllocatorConfig;
     use cachalot_mock::MockConfig;
 
     let m = MockConfig::new(1 << 30).auto_complete(false).build();
@@ -61,10 +114,7 @@ fn record_stream_of_an_eager_stream_during_capture_waits_for_its_work() {
         .unwrap();
     m.begin_capture(s2).unwrap();
     // s0 (not capturing) waits for s3, uses the block and records it
-    let e = m.create_event().unwrap();
-    m.record_event(&e, s3).unwrap();
-    m.stream_wait_event(s0, &e).unwrap();
-    m.destroy_event(e).unwrap();
+    wait(&m, s0, s3);
     a.record_stream(x, s0).unwrap();
     m.use_memory(s0, x, 31488, 1).unwrap();
     a.free(x).unwrap();
@@ -92,37 +142,11 @@ fn record_stream_of_an_eager_stream_during_capture_waits_for_its_work() {
 /// released it.
 #[test]
 fn a_segment_shared_by_two_capture_streams_is_released_by_empty_cache() {
-    use cachalot_core::{AllocatorConfig, Backend, CachingAllocator, PoolFilter};
-    use cachalot_mock::MockConfig;
-
-    let m = MockConfig::new(64 << 20).auto_complete(false).build();
-    let config = AllocatorConfig::parse("graph_capture_record_stream_reuse:cross_stream").unwrap();
-    let a = CachingAllocator::with_config(m.clone(), config).unwrap();
+    let d = cross_stream(64 << 20);
+    let (m, a) = (&d.m, &d.a);
     let (s1, s2) = (m.create_stream(), m.create_stream());
-    let wait = |waiter, other| {
-        let e = m.create_event().unwrap();
-        m.record_event(&e, other).unwrap();
-        m.stream_wait_event(waiter, &e).unwrap();
-        m.destroy_event(e).unwrap();
-    };
-    let pool = cachalot_core::graph_pool_handle();
-    a.begin_allocate_to_pool(pool, PoolFilter::CaptureOf(s1))
-        .unwrap();
-    m.begin_capture(s1).unwrap();
-    let x = a.allocate(1359, s1).unwrap();
-    m.use_memory(s1, x, 1359, 1).unwrap();
-    wait(s2, s1);
-    let y = a.allocate(446, s2).unwrap();
-    assert_eq!(y, x + 1536, "s2 takes the rest of s1's fresh segment");
-    m.use_memory(s2, y, 446, 2).unwrap();
-    wait(s1, s2);
-    let g = m.end_capture(s1).unwrap();
-    a.end_allocate_to_pool(pool).unwrap();
-    a.free(x).unwrap();
-    a.free(y).unwrap();
-    drop(g);
-    a.release_pool(pool).unwrap();
-    m.complete_all();
+    // s2 takes the rest of s1's fresh segment
+    share_a_capture_segment(&d, (s1, s2), (1359, 446), 1536);
     a.empty_cache().unwrap();
     a.check_invariants().unwrap();
     assert_eq!(a.stats().reserved_bytes.all().current, 0);
@@ -148,37 +172,11 @@ fn a_segment_shared_by_two_capture_streams_is_released_by_empty_cache() {
 /// boundary, is still reserved; `empty_cache` then merges and releases it.
 #[test]
 fn a_private_small_segment_left_as_two_streams_blocks_is_released() {
-    use cachalot_core::{AllocatorConfig, Backend, CachingAllocator, PoolFilter};
-    use cachalot_mock::MockConfig;
-
-    let m = MockConfig::new(64 << 20).auto_complete(false).build();
-    let config = AllocatorConfig::parse("graph_capture_record_stream_reuse:cross_stream").unwrap();
-    let a = CachingAllocator::with_config(m.clone(), config).unwrap();
+    let d = cross_stream(64 << 20);
+    let (m, a) = (&d.m, &d.a);
     let (s1, s3) = (m.create_stream(), m.create_stream());
-    let wait = |waiter, other| {
-        let e = m.create_event().unwrap();
-        m.record_event(&e, other).unwrap();
-        m.stream_wait_event(waiter, &e).unwrap();
-        m.destroy_event(e).unwrap();
-    };
-    let pool = cachalot_core::graph_pool_handle();
-    a.begin_allocate_to_pool(pool, PoolFilter::CaptureOf(s3))
-        .unwrap();
-    m.begin_capture(s3).unwrap();
-    let x = a.allocate(37_888, s3).unwrap();
-    m.use_memory(s3, x, 37_888, 1).unwrap();
-    wait(s1, s3);
-    let y = a.allocate(600_000, s1).unwrap();
-    assert_eq!(y, x + 37_888, "s1 takes the rest of s3's fresh segment");
-    m.use_memory(s1, y, 600_000, 2).unwrap();
-    wait(s3, s1);
-    let g = m.end_capture(s3).unwrap();
-    a.end_allocate_to_pool(pool).unwrap();
-    a.free(x).unwrap();
-    a.free(y).unwrap();
-    drop(g);
-    a.release_pool(pool).unwrap();
-    m.complete_all();
+    // s1 takes the rest of s3's fresh segment
+    share_a_capture_segment(&d, (s3, s1), (37_888, 600_000), 37_888);
     // the finding's state: the pool is gone, its 2 MiB segment is not, cut
     // into a free block of each stream
     assert_eq!(a.stats().reserved_bytes.all().current, 2 << 20);

@@ -4,46 +4,60 @@
 //! that a segment open elsewhere is never given back to the device, and
 //! bad pointers as typed errors.
 
-use cachalot_conformance::mock::{FIXED, MIB};
+use cachalot_conformance::mock::{Dev, FIXED, MIB, check};
 use cachalot_core::engine::SharedMemory;
-use cachalot_core::{AllocatorConfig, Backend, CachingAllocator, Error};
-use cachalot_mock::{MockBackend, MockConfig};
+use cachalot_core::{Backend, CachingAllocator, Error, IPC_HANDLE_BYTES};
+use cachalot_mock::MockBackend;
 
 fn process(config: &str) -> (MockBackend, CachingAllocator<MockBackend>) {
-    let m = MockConfig::new(8 << 30).auto_complete(true).build();
-    let a =
-        CachingAllocator::with_config(m.clone(), AllocatorConfig::parse(config).unwrap()).unwrap();
+    let Dev { m, a } = Dev::with_capacity(config, 8 << 30);
     (m, a)
 }
 
-fn check(a: &CachingAllocator<MockBackend>) {
-    a.check_invariants()
-        .unwrap_or_else(|e| panic!("invariant: {e}"));
+/// Two processes of the same config: the producer and the other side.
+fn processes(config: &str) -> [(MockBackend, CachingAllocator<MockBackend>); 2] {
+    [process(config), process(config)]
+}
+
+/// What `a` shares of block `p` of a fixed segment: the segment's handle
+/// and the block's offset in it.
+fn segment(a: &CachingAllocator<MockBackend>, p: u64) -> ([u8; IPC_HANDLE_BYTES], u64) {
+    let SharedMemory::Segment { handle, offset } = a.share(p).unwrap() else {
+        panic!("a fixed segment is shared as a segment");
+    };
+    (handle, offset)
+}
+
+/// What `a` shares of block `p` of an expandable segment: the page size,
+/// the pages' handles and the block's offset in the first.
+fn pages(a: &CachingAllocator<MockBackend>, p: u64) -> (u64, Vec<i32>, u64) {
+    let SharedMemory::Pages {
+        page,
+        handles,
+        offset,
+    } = a.share(p).unwrap()
+    else {
+        panic!("an expandable block is shared as pages");
+    };
+    (page, handles, offset)
 }
 
 #[test]
 fn a_fixed_segment_is_shared_whole_with_the_offset_of_the_block() {
-    let (m, a) = process(FIXED);
-    let (other, _b) = process(FIXED);
+    let [(m, a), (other, _b)] = processes(FIXED);
     let s = m.default_stream();
     let x = a.allocate(512, s).unwrap();
     let y = a.allocate(4096, s).unwrap();
     let z = a.allocate(700_000, s).unwrap();
     let seg = a.snapshot().segments[0].address;
     for p in [x, y, z] {
-        let SharedMemory::Segment { handle, offset } = a.share(p).unwrap() else {
-            panic!("a fixed segment is shared as a segment");
-        };
+        let (handle, offset) = segment(&a, p);
         assert_eq!(offset, p - seg);
         // the same segment: the same handle
-        let SharedMemory::Segment { handle: h2, .. } = a.share(x).unwrap() else {
-            panic!()
-        };
+        let (h2, _) = segment(&a, x);
         assert_eq!(handle, h2);
     }
-    let SharedMemory::Segment { handle, .. } = a.share(y).unwrap() else {
-        panic!()
-    };
+    let (handle, _) = segment(&a, y);
     let ipc = other.ipc().unwrap();
     let at = ipc.open_segment(&handle).unwrap();
     // one open per process
@@ -94,30 +108,15 @@ fn bad_pointers_are_typed_errors() {
 /// segment; a block is shared as the pages under it.
 #[test]
 fn expandable_pages_are_shared_one_handle_per_page() {
-    let (m, a) = process("expandable_segments:True,placement:pytorch");
-    let (other, _b) = process("expandable_segments:True,placement:pytorch");
+    let [(m, a), (other, _b)] = processes("expandable_segments:True,placement:pytorch");
     let s = m.default_stream();
     let x = a.allocate(4 * MIB, s).unwrap();
     let y = a.allocate(30 * MIB, s).unwrap();
     check(&a);
-    let SharedMemory::Pages {
-        page,
-        handles,
-        offset,
-    } = a.share(x).unwrap()
-    else {
-        panic!("an expandable block is shared as pages");
-    };
+    let (page, handles, offset) = pages(&a, x);
     assert_eq!(page, 20 * MIB, "PyTorch's large page");
     assert_eq!((handles.len(), offset), (1, 0));
-    let SharedMemory::Pages {
-        page: p2,
-        handles: h2,
-        offset: o2,
-    } = a.share(y).unwrap()
-    else {
-        panic!()
-    };
+    let (p2, h2, o2) = pages(&a, y);
     // y starts 4 MiB into the first page and ends in the third
     assert_eq!((p2, o2), (20 * MIB, 4 * MIB));
     assert_eq!(h2.len(), 2);
@@ -145,18 +144,10 @@ fn expandable_pages_are_shared_one_handle_per_page() {
 /// described as pages of one size.
 #[test]
 fn cachalot_page_runs() {
-    let (m, a) = process("expandable_segments:True");
-    let (other, _b) = process("expandable_segments:True");
+    let [(m, a), (other, _b)] = processes("expandable_segments:True");
     let s = m.default_stream();
     let x = a.allocate(4 * MIB, s).unwrap();
-    let SharedMemory::Pages {
-        page,
-        handles,
-        offset,
-    } = a.share(x).unwrap()
-    else {
-        panic!()
-    };
+    let (page, handles, offset) = pages(&a, x);
     assert_eq!(offset, 0);
     assert_eq!(page * handles.len() as u64 % (2 * MIB), 0);
     assert!(page * handles.len() as u64 >= 4 * MIB);
@@ -174,9 +165,7 @@ fn cachalot_page_runs() {
     }
     // 8 MiB: two runs of two pages, shared
     let z = a.allocate(8 * MIB, s).unwrap();
-    let SharedMemory::Pages { page, handles, .. } = a.share(z).unwrap() else {
-        panic!()
-    };
+    let (page, handles, _) = pages(&a, z);
     assert_eq!((page, handles.len()), (4 * MIB, 2));
     a.free(z).unwrap();
     a.free(x).unwrap();

@@ -7,25 +7,18 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use cachalot_conformance::mock::{FIXED, MIB};
+use cachalot_conformance::mock::{Dev, FIXED, MIB, check};
 use cachalot_core::engine::TraceAction;
 use cachalot_core::{
-    AllocatorConfig, BackendError, CachingAllocator, CaptureError, DeviceAllocError, Error,
-    SegmentEvent, SegmentSource, graph_pool_handle,
+    BackendError, CachingAllocator, CaptureError, DeviceAllocError, Error, SegmentEvent,
+    SegmentSource, graph_pool_handle,
 };
-use cachalot_mock::{MockBackend, MockConfig, MockStream};
+use cachalot_mock::{MockBackend, MockStream};
 
 fn setup(config: &str) -> (CachingAllocator<MockBackend>, MockStream) {
-    let m = MockConfig::new(1 << 34).auto_complete(true).build();
-    let a =
-        CachingAllocator::with_config(m.clone(), AllocatorConfig::parse(config).unwrap()).unwrap();
+    let Dev { m, a } = Dev::with_capacity(config, 1 << 34);
     let s = m.create_stream();
     (a, s)
-}
-
-fn check(a: &CachingAllocator<MockBackend>) {
-    a.check_invariants()
-        .unwrap_or_else(|e| panic!("invariant: {e}"));
 }
 
 fn pool_of(a: &CachingAllocator<MockBackend>, addr: u64) -> (u64, u64) {
