@@ -25,6 +25,28 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// Runs `args`, asserts it succeeded and returns its stdout.
+fn run_ok(args: &[&str]) -> String {
+    let o = run(args);
+    assert_exit(&o, 0);
+    stdout(&o)
+}
+
+/// Asserts `o` exited with `code` (its stderr if not).
+fn assert_exit(o: &Output, code: i32) {
+    assert_eq!(o.status.code(), Some(code), "{}", stderr(o));
+}
+
+/// Asserts `o` did not panic (its stderr if it did).
+fn assert_no_panic(o: &Output) {
+    assert!(!stderr(o).contains("panicked"), "{}", stderr(o));
+}
+
+/// Asserts `text` holds `needle` (all of it if not).
+fn assert_contains(text: &str, needle: &str) {
+    assert!(text.contains(needle), "'{needle}' not in: {text}");
+}
+
 /// Asserts a usage error: exit status 2 and a message naming `needle`.
 fn assert_usage_error(o: &Output, needle: &str) {
     let err = stderr(o);
@@ -72,9 +94,7 @@ fn replay_small(extra: &[&str]) -> String {
     let t = small_trace();
     let mut args = vec!["replay", t.to_str().unwrap(), "--backend", "mock"];
     args.extend_from_slice(extra);
-    let o = run(&args);
-    assert!(o.status.success(), "{}", stderr(&o));
-    stdout(&o)
+    run_ok(&args)
 }
 
 const REPLAY_FIELDS: [&str; 9] = [
@@ -134,7 +154,7 @@ fn replay_json_has_cca_replay_fields() {
 
 #[test]
 fn replay_several_traces_and_synthetic_names() {
-    let o = run(&[
+    let out = run_ok(&[
         "replay",
         &repo_trace("side_stream_pipeline.trace"),
         "hit_1mib",
@@ -144,8 +164,6 @@ fn replay_several_traces_and_synthetic_names() {
         "--passes",
         "1",
     ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let out = stdout(&o);
     let names: Vec<String> = out
         .lines()
         .map(|l| {
@@ -216,7 +234,7 @@ fn stats_prints_122_pytorch_keys() {
         "--passes",
         "1",
     ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_exit(&o, 0);
     let names: Vec<String> = stdout(&o)
         .lines()
         .map(|l| {
@@ -250,7 +268,7 @@ fn bad_config_exits_2_naming_the_key() {
         "max_split_size_mb:lots",
     ]);
     assert_usage_error(&o, "max_split_size_mb");
-    assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+    assert_no_panic(&o);
     let o = run(&[
         "summary",
         "hit_1mib",
@@ -309,7 +327,7 @@ fn bad_inputs_exit_2_without_panicking() {
         ]),
         run(&["summary", bad.to_str().unwrap()]),
     ] {
-        assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+        assert_no_panic(&o);
     }
 }
 
@@ -380,9 +398,7 @@ print("ok")
 #[test]
 fn summary_shows_the_live_blocks() {
     let t = small_trace();
-    let o = run(&["summary", t.to_str().unwrap(), "--backend", "mock"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let out = stdout(&o);
+    let out = run_ok(&["summary", t.to_str().unwrap(), "--backend", "mock"]);
     for row in [
         "Allocated memory",
         "Active memory",
@@ -418,6 +434,20 @@ fn summary_shows_the_live_blocks() {
     assert!(out.lines().all(|l| l.chars().count() == 77));
 }
 
+/// `cachalot plot trace --backend mock -o out extra`.
+fn plot_on_mock(trace: &str, out: &std::path::Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "plot",
+        trace,
+        "--backend",
+        "mock",
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
 #[test]
 fn plot_writes_svg_and_png() {
     let dir = tmp_dir();
@@ -425,15 +455,7 @@ fn plot_writes_svg_and_png() {
     let png = dir.join("m.png");
     let trace = repo_trace("side_stream_pipeline.trace");
     for out in [&svg, &png] {
-        let o = run(&[
-            "plot",
-            &trace,
-            "--backend",
-            "mock",
-            "-o",
-            out.to_str().unwrap(),
-        ]);
-        assert!(o.status.success(), "{}", stderr(&o));
+        assert_exit(&plot_on_mock(&trace, out, &[]), 0);
     }
     let s = std::fs::read_to_string(&svg).unwrap();
     assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
@@ -469,7 +491,7 @@ fn capture_sim_json() {
         "pytorch",
         "--json",
     ]);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_exit(&o, 0);
     let out = String::from_utf8_lossy(&o.stdout);
     let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object");
     for k in [
@@ -517,9 +539,9 @@ fn capture_sim_cuda_matches_the_mock_or_says_why_not() {
         ]
     };
     let mock = run(&args("mock"));
-    assert_eq!(mock.status.code(), Some(0), "{}", stderr(&mock));
+    assert_exit(&mock, 0);
     let cuda = run(&args("cuda"));
-    assert!(!stderr(&cuda).contains("panicked"), "{}", stderr(&cuda));
+    assert_no_panic(&cuda);
     if cuda.status.code() == Some(0) {
         let m: serde_json::Value = serde_json::from_str(stdout(&mock).trim()).unwrap();
         let c: serde_json::Value = serde_json::from_str(stdout(&cuda).trim()).unwrap();
@@ -528,12 +550,8 @@ fn capture_sim_cuda_matches_the_mock_or_says_why_not() {
             assert_eq!(m[k], c[k], "{k}: mock {m} cuda {c}");
         }
     } else {
-        assert_eq!(cuda.status.code(), Some(1), "{}", stderr(&cuda));
-        assert!(
-            stderr(&cuda).contains("--backend cuda"),
-            "{}",
-            stderr(&cuda)
-        );
+        assert_exit(&cuda, 1);
+        assert_contains(&stderr(&cuda), "--backend cuda");
     }
 }
 
@@ -552,8 +570,8 @@ fn closed_stdout_is_not_a_panic() {
         drop(stdout);
     }
     let o = child.wait_with_output().unwrap();
-    assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_no_panic(&o);
+    assert_exit(&o, 0);
 }
 
 /// Writes `text` as the trace file `name` in the temp dir; returns its path.
@@ -574,7 +592,7 @@ fn run_quick(args: &[&str]) -> Output {
         took < std::time::Duration::from_secs(60),
         "{args:?} took {took:?}"
     );
-    assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+    assert_no_panic(&o);
     o
 }
 
@@ -601,6 +619,31 @@ fn trace_commands(path: &str) -> Vec<Vec<String>> {
 fn run_strings(args: &[String]) -> Output {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     run_quick(&args)
+}
+
+/// Whether `cachalot replay trace --config config --passes passes` fits
+/// on a device of `bytes` (exit 0; never a panic).
+fn replay_fits(trace: &str, config: &str, passes: &str, bytes: u64) -> bool {
+    let o = run(&[
+        "replay",
+        trace,
+        "--config",
+        config,
+        "--passes",
+        passes,
+        "--json",
+        "--device-memory",
+        &bytes.to_string(),
+    ]);
+    assert_no_panic(&o);
+    o.status.code() == Some(0)
+}
+
+/// The JSON object of each line of `out`.
+fn json_lines(out: &str) -> Vec<serde_json::Value> {
+    out.lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 /// Malformed traces and traces breaking the format's rules: exit 2 within a
@@ -692,7 +735,7 @@ fn streams_are_never_folded() {
         "--snapshot",
         snap.to_str().unwrap(),
     ]);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_exit(&o, 0);
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&snap).unwrap()).unwrap();
     let streams: std::collections::BTreeSet<i64> = v["segments"]
@@ -825,16 +868,14 @@ fn two_blocks_trace() -> String {
 #[test]
 fn device_memory_answers_fits_or_the_first_failing_operation() {
     let t = two_blocks_trace();
-    let o = run(&["replay", &t, "--device-memory", "64MiB", "--passes", "2"]);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let out = stdout(&o);
+    let out = run_ok(&["replay", &t, "--device-memory", "64MiB", "--passes", "2"]);
     assert!(
         out.contains("fits on 64.00 MiB (67,108,864 B): peak reserved is 93.8% of the device"),
         "{out}"
     );
     assert!(out.contains("(mock backend, 2 passes)"), "{out}");
     let o = run(&["replay", &t, "--device-memory", "40MiB"]);
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_exit(&o, 1);
     let out = stdout(&o);
     for needle in [
         "trace two30 does not fit on 40.00 MiB (41,943,040 B) (mock backend, config: default)",
@@ -846,10 +887,9 @@ fn device_memory_answers_fits_or_the_first_failing_operation() {
     ] {
         assert!(out.contains(needle), "'{needle}' not in\n{out}");
     }
-    assert!(
-        stderr(&o).contains(&format!("{t}:3: 'a 1 31457280 0': the trace does not fit")),
-        "{}",
-        stderr(&o)
+    assert_contains(
+        &stderr(&o),
+        &format!("{t}:3: 'a 1 31457280 0': the trace does not fit"),
     );
     // JSON: fits or not, and the smallest device
     let o = run(&["replay", &t, "--device-memory", "64MiB", "--json"]);
@@ -871,16 +911,13 @@ fn device_memory_answers_fits_or_the_first_failing_operation() {
         "{v}"
     );
     // summary
-    let o = run(&["summary", &t, "--device-memory", "60MiB"]);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    assert!(stdout(&o).contains("fits on 60.00 MiB"), "{}", stdout(&o));
+    assert_contains(
+        &run_ok(&["summary", &t, "--device-memory", "60MiB"]),
+        "fits on 60.00 MiB",
+    );
     let o = run(&["summary", &t, "--device-memory", "59MiB"]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(
-        stdout(&o).contains("does not fit on 59.00 MiB"),
-        "{}",
-        stdout(&o)
-    );
+    assert_contains(&stdout(&o), "does not fit on 59.00 MiB");
     // plot: the picture is written (ending at the failing operation), then exit 1
     let svg = tmp_dir().join("nofit.svg");
     let o = run(&[
@@ -891,18 +928,14 @@ fn device_memory_answers_fits_or_the_first_failing_operation() {
         "-o",
         svg.to_str().unwrap(),
     ]);
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_exit(&o, 1);
     let s = std::fs::read_to_string(&svg).unwrap();
     assert!(s.contains(">out of memory</text>"), "no OOM marker");
     assert!(
         s.contains(">device memory 40.00 MiB</text>"),
         "no device line"
     );
-    assert!(
-        stdout(&o).contains("does not fit on 40.00 MiB"),
-        "{}",
-        stdout(&o)
-    );
+    assert_contains(&stdout(&o), "does not fit on 40.00 MiB");
 }
 
 /// `--device-memory` is bounded and typed; it means the mock.
@@ -918,7 +951,7 @@ fn device_memory_garbage_is_a_usage_error() {
     ] {
         let o = run_quick(&["replay", "hit_1mib", &format!("--device-memory={v}")]);
         assert_usage_error(&o, needle);
-        assert!(stderr(&o).contains("--device-memory"), "{}", stderr(&o));
+        assert_contains(&stderr(&o), "--device-memory");
     }
     let o = run(&[
         "replay",
@@ -956,19 +989,15 @@ fn mock_memory_variable_is_honoured() {
         .env("CACHALOT_MOCK_MEMORY", "41943040")
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
-    assert!(
-        stdout(&o).contains("does not fit on 40.00 MiB"),
-        "{}",
-        stdout(&o)
-    );
+    assert_exit(&o, 1);
+    assert_contains(&stdout(&o), "does not fit on 40.00 MiB");
     // --device-memory wins over the variable
     let o = bin()
         .args(["replay", &t, "--device-memory", "1GiB"])
         .env("CACHALOT_MOCK_MEMORY", "41943040")
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_exit(&o, 0);
     for v in ["lots", "99999999999999999999", "1000"] {
         let o = bin()
             .args(["replay", &t, "--backend", "mock"])
@@ -983,8 +1012,8 @@ fn mock_memory_variable_is_honoured() {
         .env("CACHALOT_MOCK_MEMORY", "2097152")
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
-    assert!(stderr(&o).contains("out of memory"), "{}", stderr(&o));
+    assert_exit(&o, 1);
+    assert_contains(&stderr(&o), "out of memory");
 }
 
 /// `cachalot fit`: a row per policy, the exact smallest device, and
@@ -992,9 +1021,7 @@ fn mock_memory_variable_is_honoured() {
 #[test]
 fn fit_finds_the_smallest_device_per_policy() {
     let t = two_blocks_trace();
-    let o = run(&["fit", &t]);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let out = stdout(&o);
+    let out = run_ok(&["fit", &t]);
     for needle in [
         "policy",
         "smallest device",
@@ -1011,12 +1038,7 @@ fn fit_finds_the_smallest_device_per_policy() {
         assert!(out.contains(needle), "'{needle}' not in\n{out}");
     }
     let gpt2 = repo_trace("gpt2_train.trace");
-    let o = run(&["fit", &gpt2, "--json", "--passes", "2"]);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let rows: Vec<serde_json::Value> = stdout(&o)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let rows = json_lines(&run_ok(&["fit", &gpt2, "--json", "--passes", "2"]));
     let names: Vec<&str> = rows.iter().map(|r| r["policy"].as_str().unwrap()).collect();
     assert_eq!(
         names,
@@ -1044,21 +1066,7 @@ fn fit_finds_the_smallest_device_per_policy() {
         assert!(live <= smallest && smallest <= reserved + slack, "{r}");
         assert_eq!(smallest % (2 << 20), 0, "{r}");
         let config = r["config"].as_str().unwrap();
-        let fits_at = |bytes: u64| {
-            let o = run(&[
-                "replay",
-                &gpt2,
-                "--config",
-                config,
-                "--passes",
-                "2",
-                "--json",
-                "--device-memory",
-                &bytes.to_string(),
-            ]);
-            assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
-            o.status.code() == Some(0)
-        };
+        let fits_at = |bytes: u64| replay_fits(&gpt2, config, "2", bytes);
         assert!(fits_at(smallest), "{r}");
         assert!(!fits_at(smallest - (2 << 20)), "{r}");
     }
@@ -1097,11 +1105,8 @@ fn threads_name_their_clock() {
             "--clock",
             flag,
         ]);
-        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-        let lines: Vec<serde_json::Value> = stdout(&o)
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
+        assert_exit(&o, 0);
+        let lines = json_lines(&stdout(&o));
         assert_eq!(lines.len(), 2);
         for j in lines {
             assert_eq!(j["clock"], want, "{j}");
@@ -1127,7 +1132,7 @@ fn many_streams_replay_and_fit() {
     }
     let t = write_trace("many_streams.trace", &text);
     let o = run(&["replay", &t, "--backend", "mock", "--passes", "1"]);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_exit(&o, 0);
     let pytorch = "placement:pytorch,expandable_segments:True";
     let o = run(&[
         "replay",
@@ -1147,33 +1152,14 @@ fn many_streams_replay_and_fit() {
         "{err}"
     );
     assert!(err.contains("what ran out is not its memory"), "{err}");
-    let o = run(&["fit", &t, "--json", "--passes", "1"]);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let rows: Vec<serde_json::Value> = stdout(&o)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let rows = json_lines(&run_ok(&["fit", &t, "--json", "--passes", "1"]));
     assert_eq!(rows.len(), 4);
     for r in &rows {
         assert_eq!(r["fits"], true, "{r}");
         let smallest = r["smallest_device"].as_u64().unwrap();
         assert!(smallest >= STREAMS * (82 << 20), "{r}");
         let config = r["config"].as_str().unwrap();
-        let fits_at = |bytes: u64| {
-            let o = run(&[
-                "replay",
-                &t,
-                "--config",
-                config,
-                "--passes",
-                "1",
-                "--json",
-                "--device-memory",
-                &bytes.to_string(),
-            ]);
-            assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
-            o.status.code() == Some(0)
-        };
+        let fits_at = |bytes: u64| replay_fits(&t, config, "1", bytes);
         assert!(fits_at(smallest), "{r}");
         assert!(!fits_at(smallest - (2 << 20)), "{r}");
         if r["policy"] == "pytorch-expandable" {
@@ -1188,11 +1174,10 @@ fn many_streams_replay_and_fit() {
         }
     }
     let o = run(&["fit", &t, "--passes", "1"]);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    assert!(
-        stdout(&o).contains("PyTorch expandable: address space runs out first on larger devices"),
-        "{}",
-        stdout(&o)
+    assert_exit(&o, 0);
+    assert_contains(
+        &stdout(&o),
+        "PyTorch expandable: address space runs out first on larger devices",
     );
 }
 
@@ -1259,11 +1244,7 @@ fn pytorch_environments_just_work_on_every_subcommand() {
             .output()
             .unwrap();
         assert_usage_error(&o, "max_split_size_mb");
-        assert!(
-            stderr(&o).contains("PYTORCH_CUDA_ALLOC_CONF"),
-            "{}",
-            stderr(&o)
-        );
+        assert_contains(&stderr(&o), "PYTORCH_CUDA_ALLOC_CONF");
         // --config wins over the environment
         let mut with = cmd.clone();
         with.extend(["--config", "max_split_size_mb:100"]);
@@ -1341,7 +1322,7 @@ fn dash_reads_standard_input() {
         "--passes",
         "3",
     ]);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_exit(&o, 0);
     let mut v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
     assert_eq!(v["trace"], "stdin");
     let mut file: serde_json::Value =
@@ -1354,10 +1335,10 @@ fn dash_reads_standard_input() {
     }
     assert_eq!(v, file, "stdin and the file give the same figures");
     let o = piped(&["summary", "-", "--backend", "mock"]);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_exit(&o, 0);
     assert!(stdout(&o).contains("Allocated memory"));
     let o = piped(&["fit", "-", "--passes", "1"]);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_exit(&o, 0);
     let o = piped(&["replay", "-", "-", "--backend", "mock"]);
     assert_usage_error(&o, "only once");
     // a malformed trace on stdin names <stdin> and the line
@@ -1390,7 +1371,7 @@ fn snapshot_path_is_checked_before_the_replay() {
         bad.to_str().unwrap(),
     ]);
     assert_usage_error(&o, "no/such/dir/snap.pickle");
-    assert!(stderr(&o).contains("--snapshot"), "{}", stderr(&o));
+    assert_contains(&stderr(&o), "--snapshot");
     // 10000 passes of gpt2 would take far longer than this
     assert!(
         t0.elapsed() < std::time::Duration::from_secs(20),
@@ -1407,7 +1388,7 @@ fn snapshot_path_is_checked_before_the_replay() {
         "--snapshot",
         snap.to_str().unwrap(),
     ]);
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_exit(&o, 1);
     assert!(!snap.exists(), "an empty snapshot file was left behind");
 }
 
@@ -1439,7 +1420,7 @@ fn every_subcommand_help_has_an_example() {
         );
     }
     let o = run(&["--help"]);
-    assert!(stdout(&o).contains("cachalot fit "), "{}", stdout(&o));
+    assert_contains(&stdout(&o), "cachalot fit ");
 }
 
 /// `plot --compare`: one picture, the reserved bytes of each config.
@@ -1450,17 +1431,8 @@ fn plot_compare_overlays_configs() {
     let svg = dir.join("cmp.svg");
     let png = dir.join("cmp.png");
     for out in [&svg, &png] {
-        let o = run(&[
-            "plot",
-            &trace,
-            "--backend",
-            "mock",
-            "-o",
-            out.to_str().unwrap(),
-            "--compare",
-            "placement:pytorch,expandable_segments:True",
-        ]);
-        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let compare = ["--compare", "placement:pytorch,expandable_segments:True"];
+        assert_exit(&plot_on_mock(&trace, out, &compare), 0);
     }
     let s = std::fs::read_to_string(&svg).unwrap();
     for needle in [
@@ -1486,15 +1458,7 @@ fn plot_compare_overlays_configs() {
 #[test]
 fn plot_labels_are_readable() {
     let svg = tmp_dir().join("gpt2.svg");
-    let o = run(&[
-        "plot",
-        &repo_trace("gpt2_train.trace"),
-        "--backend",
-        "mock",
-        "-o",
-        svg.to_str().unwrap(),
-    ]);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_exit(&plot_on_mock(&repo_trace("gpt2_train.trace"), &svg, &[]), 0);
     let s = std::fs::read_to_string(&svg).unwrap();
     for needle in [
         ">2,000<",
