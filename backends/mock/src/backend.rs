@@ -1653,7 +1653,14 @@ pub struct MockBackend {
     /// `MockConfig::virtual_memory` (answers `Backend::virtual_memory`).
     virtual_memory: bool,
     inner: Arc<Mutex<State>>,
+    /// [`MockBackend::set_malloc_hook`] (apart from `inner`: it runs with
+    /// no lock of the mock held).
+    malloc_hook: Arc<Mutex<Option<MallocHook>>>,
 }
+
+/// A function run at the start of every `malloc` with its size
+/// ([`MockBackend::set_malloc_hook`]).
+pub type MallocHook = Arc<dyn Fn(u64) + Send + Sync>;
 
 impl fmt::Debug for MockBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -1686,7 +1693,17 @@ impl MockBackend {
             node_numbers: config.node_numbers,
             virtual_memory: config.virtual_memory,
             inner: Arc::new(Mutex::new(State::new(&config))),
+            malloc_hook: Arc::new(Mutex::new(None)),
         }
+    }
+
+    /// Sets (or with `None` removes) a function that runs at the start of
+    /// every `malloc` call, with its size, before the call is counted or
+    /// can fail, and with no lock of the mock held: a test blocks it to
+    /// hold a device allocation in flight (as a slow `cudaMalloc`), or
+    /// looks at the device from it.
+    pub fn set_malloc_hook(&self, hook: Option<MallocHook>) {
+        *self.malloc_hook.lock() = hook;
     }
 
     /// Runs `f` under the lock, counting an error if it fails.
@@ -2366,6 +2383,10 @@ impl Backend for MockBackend {
     }
 
     fn malloc(&self, size: u64) -> Result<u64, DeviceAllocError> {
+        let hook = self.malloc_hook.lock().clone();
+        if let Some(hook) = hook {
+            hook(size);
+        }
         self.alloc_call(MockCall::Malloc, |st| st.malloc(size))
     }
 

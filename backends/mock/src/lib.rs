@@ -112,6 +112,9 @@
 //!   ([`MockBackend::fail_call_always`]), with a typed error and no side
 //!   effect; [`MockBackend::call_count`] numbers the calls of
 //!   each kind and [`MockCounters::injected`] counts the failures that fired.
+//! * **Hooks.** [`MockBackend::set_malloc_hook`] runs a function at the
+//!   start of every `malloc`, with no lock of the mock held (a test holds
+//!   a device allocation in flight there).
 //!
 //! ```
 //! use cachalot_core::Backend;
@@ -145,7 +148,7 @@ mod space;
 mod types;
 mod vmm;
 
-pub use backend::MockBackend;
+pub use backend::{MallocHook, MockBackend};
 pub use config::{DEFAULT_BASE_ADDRESS, DEFAULT_GRANULARITY, DEVICE_ADDRESS_STRIDE, MockConfig};
 pub use graph::{MockGraph, MockNode, NodeKind};
 pub use space::{BIG_ALIGN, CHUNK, Placement, SMALL_ALIGN, alignment_for};
