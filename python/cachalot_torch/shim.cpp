@@ -323,7 +323,7 @@ void fill_settings(CCA::AllocatorConfigInfo& c) {
   c.garbage_collection_threshold = k.garbage_collection_threshold;
   c.max_split_size = static_cast<size_t>(k.max_split_size);
   c.expandable_segments = k.expandable_segments != 0;
-  c.release_lock_on_malloc = false;  // cachalot keeps its lock (the key is ignored)
+  c.release_lock_on_malloc = k.release_lock_on_malloc != 0;
   c.graph_capture_record_stream_reuse = k.graph_capture_record_stream_reuse != 0;
   c.last_allocator_settings = k.last_config ? k.last_config : "";
   c.roundup_power2_divisions.assign(k.roundup_power2_divisions, k.roundup_power2_divisions + 16);

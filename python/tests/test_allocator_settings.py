@@ -67,10 +67,10 @@ def test_rounding_set_at_run_time_applies_at_once_and_reads_back():
 
 def test_keys_of_other_parts_of_pytorch():
     with restored():
-        # a lock hint and the pinned host allocator's keys: accepted, the
-        # device allocations unchanged, the host allocator configured
+        # the pinned host allocator's keys: accepted, the device
+        # allocations unchanged, the host allocator configured
         torch.cuda.memory._set_allocator_settings(
-            "release_lock_on_cudamalloc:True,pinned_use_cuda_host_register:True,pinned_num_register_threads:8")
+            "pinned_use_cuda_host_register:True,pinned_num_register_threads:8")
         s = settings()
         assert s["pinned_num_register_threads"] == 8
         assert s["pinned_use_cuda_host_register"] is True
@@ -80,6 +80,55 @@ def test_keys_of_other_parts_of_pytorch():
         except RuntimeError:
             pass  # (some machines cannot register host memory)
         torch.cuda.memory._set_allocator_settings("pinned_use_cuda_host_register:False")
+
+
+def test_release_lock_on_cudamalloc_reads_back_and_threads_allocate():
+    """release_lock_on_cudamalloc: read back as set (it is kept by strings
+    that do not name it), and with it on, threads allocating new segments
+    (the device call made with the allocator's lock released) and cached
+    blocks at once, with empty_cache in between, get memory that holds
+    what they wrote, and the stats come back to where they were."""
+    import threading
+
+    with restored():
+        assert settings()["release_lock_on_cudamalloc"] is False
+        try:
+            torch.cuda.memory._set_allocator_settings("release_lock_on_cudamalloc:True")
+            assert settings()["release_lock_on_cudamalloc"] is True
+            torch.cuda.memory._set_allocator_settings("max_split_size_mb:40")
+            assert settings()["release_lock_on_cudamalloc"] is True
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_stats()["allocated_bytes.all.current"]
+            errors = []
+
+            def work(k):
+                try:
+                    s = torch.cuda.Stream()
+                    with torch.cuda.stream(s):
+                        for i in range(24):
+                            # over 10 MiB: a segment of its own when not cached
+                            big = torch.full(((12 + 3 * k + i) * MiB // 4,), k, dtype=torch.int32,
+                                             device="cuda")
+                            small = torch.full((4096,), i, dtype=torch.int32, device="cuda")
+                            assert bool((big == k).all()) and bool((small == i).all())
+                            del big, small
+                            if k == 0 and i % 8 == 7:
+                                torch.cuda.empty_cache()
+                    s.synchronize()
+                except Exception as e:  # noqa: BLE001 (reported below)
+                    errors.append(repr(e))
+
+            threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert errors == []
+            torch.cuda.synchronize()
+            assert torch.cuda.memory_stats()["allocated_bytes.all.current"] == before
+        finally:
+            torch.cuda.memory._set_allocator_settings("release_lock_on_cudamalloc:False")
+        assert settings()["release_lock_on_cudamalloc"] is False
 
 
 def test_bad_settings_are_value_errors():

@@ -232,6 +232,10 @@ enum Segments {
     Expandable,
     /// `expandable_segments:False` everywhere.
     Fixed,
+    /// `expandable_segments:False,release_lock_on_cudamalloc:True`
+    /// everywhere: every device allocation stops the operation for a call
+    /// made with the lock released, and goes on after it.
+    FixedUnlocked,
 }
 
 fn run(ops: Vec<Op>, completion: Completion) -> Result<(), TestCaseError> {
@@ -248,6 +252,7 @@ fn run_with(ops: Vec<Op>, completion: Completion, segments: Segments) -> Result<
         Segments::Default => "",
         Segments::Expandable => ",expandable_segments:True",
         Segments::Fixed => ",expandable_segments:False",
+        Segments::FixedUnlocked => ",expandable_segments:False,release_lock_on_cudamalloc:True",
     };
     // `extra` without its comma
     let conf = AllocatorConfig::parse(&extra[extra.len().min(1)..]).unwrap();
@@ -486,6 +491,15 @@ proptest! {
         ops in proptest::collection::vec(op(), 1..200),
     ) {
         run_with(ops, Completion::Random { seed, max_delay_ops }, Segments::Fixed)?;
+    }
+
+    #[test]
+    fn random_operations_keep_every_invariant_with_the_lock_released_around_malloc(
+        seed in any::<u64>(),
+        max_delay_ops in 0u32..24,
+        ops in proptest::collection::vec(op(), 1..200),
+    ) {
+        run_with(ops, Completion::Random { seed, max_delay_ops }, Segments::FixedUnlocked)?;
     }
 }
 

@@ -399,6 +399,7 @@ typedef struct {
   int32_t expandable_segments, graph_capture_record_stream_reuse;
   uint64_t roundup_power2_divisions[16];
   const char *last_config;
+  int32_t release_lock_on_malloc; /* release_lock_on_cudamalloc */
 } cachalot_config_info_t;
 int cachalot_current_config(int device, cachalot_config_info_t *out);
 

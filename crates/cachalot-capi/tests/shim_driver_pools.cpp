@@ -117,15 +117,18 @@ int main() {
   CHECK(active_allocated() - before == int64_t(84) << 20);
   CCA::raw_delete(r);
   // PyTorch's keys: the pinned ones stay PyTorch's (its host allocator),
-  // the lock hint is accepted, capture reuse reaches cachalot
+  // the lock release and capture reuse reach cachalot
+  CHECK(!CCA::snapshot({0, 0}, false).config_metadata.release_lock_on_malloc);
   c10::CachingAllocator::setAllocatorSettings(
       "pinned_num_register_threads:8,release_lock_on_cudamalloc:True,graph_capture_record_stream_reuse:True");
   {
     auto m = CCA::snapshot({0, 0}, false).config_metadata;
     CHECK(m.pinned_num_register_threads == 8);
     CHECK(m.graph_capture_record_stream_reuse);
-    CHECK(!m.release_lock_on_malloc);
+    CHECK(m.release_lock_on_malloc);
   }
+  c10::CachingAllocator::setAllocatorSettings("release_lock_on_cudamalloc:False");
+  CHECK(!CCA::snapshot({0, 0}, false).config_metadata.release_lock_on_malloc);
   // bad values: PyTorch's parser refuses first; a value only cachalot
   // checks is a ValueError from cachalot
   CHECK(throws<c10::ValueError>([] { c10::CachingAllocator::setAllocatorSettings("foo:1"); }, "Unrecognized key"));

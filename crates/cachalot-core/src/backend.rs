@@ -127,6 +127,8 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Allocates one raw segment of exactly `size` bytes (a multiple of 512).
     /// Must distinguish running out of memory from any other failure.
+    /// With `release_lock_on_device_malloc` on, the engine calls it with
+    /// none of its locks held, alongside other threads' calls.
     fn malloc(&self, size: u64) -> Result<Self::Ptr, DeviceAllocError>;
     /// Returns a segment obtained from [`Backend::malloc`] with the same size.
     fn free(&self, ptr: Self::Ptr, size: u64) -> Result<(), BackendError>;

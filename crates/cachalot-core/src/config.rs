@@ -13,10 +13,7 @@
 //! A PyTorch user's `PYTORCH_CUDA_ALLOC_CONF` may name keys that belong to
 //! an allocator cachalot does not replace: `backend:cudaMallocAsync` (or
 //! `hipMallocAsync`, PyTorch's asynchronous backend) and the `pinned_*`
-//! keys of the pinned host-memory allocator; and
-//! `release_lock_on_cudamalloc:True`, a hint about lock holding that
-//! changes no result (cachalot keeps its device lock around the device
-//! allocation; cache hits on other streams take only their shard's lock).
+//! keys of the pinned host-memory allocator.
 //! Their values are checked as
 //! PyTorch checks them (a malformed or out-of-range value is still a typed
 //! error), then ignored: [`AllocatorConfig::parse_with_warnings`] and its
@@ -25,6 +22,23 @@
 //! process). Every other key is honoured or, where cachalot does not act
 //! on it, takes only its default value (any other value is a typed "not
 //! supported" error).
+//!
+//! # `release_lock_on_cudamalloc`
+//!
+//! `release_lock_on_cudamalloc:True` (aliases `release_lock_on_hipmalloc`,
+//! `release_lock_on_device_malloc`; `True`/`False`, default `False`, kept
+//! across parses unless named, settable at run time) is honoured as
+//! PyTorch honours it: the device call that creates a fixed segment
+//! (`Backend::malloc`, or a private pool's `SegmentSource::alloc`) runs
+//! with the device lock and the shard locks released, so other threads'
+//! cache hits, frees, `empty_cache` and statistics on the device go on
+//! while it runs; the allocation then takes the locks again and goes on
+//! where it stopped (the engine's `unlocked.rs`). The pages an expandable
+//! segment maps stay under the lock, as in PyTorch (its expandable path
+//! never drops the lock): they grow a segment whose records the other
+//! operations read and edit. With expandable segments on, the key acts
+//! only on the pools that take fixed segments (a pool with a segment
+//! source, or a private pool when `expandable_segments` was not given).
 //!
 //! # Bounds
 //!
@@ -116,10 +130,6 @@ impl std::fmt::Display for ConfigWarning {
 /// Why `backend:cudaMallocAsync` is ignored.
 const OTHER_BACKEND: &str = "it selects PyTorch's cudaMallocAsync allocator; cachalot is the \
                              caching allocator (PyTorch's `native` backend)";
-/// Why `release_lock_on_cudamalloc:True` is ignored.
-const LOCK_HINT: &str = "it lets PyTorch's allocator drop its lock around cudaMalloc; cachalot \
-                         keeps its device lock there, and allocations served from the cache on \
-                         other streams do not wait for it (each stream's shard has its own lock)";
 /// Why the `pinned_*` keys are ignored.
 const HOST_ALLOCATOR: &str = "it configures PyTorch's pinned host-memory allocator, which \
                               cachalot does not replace";
@@ -180,8 +190,9 @@ pub struct AllocatorConfig {
     /// Whether a config string gave `expandable_segments` (then
     /// [`Self::expandable_segments`] is what it said).
     pub expandable_segments_given: bool,
-    /// Release the allocator lock around device allocation calls: always
-    /// false (`release_lock_on_cudamalloc:True` is checked and ignored).
+    /// Release the device lock around the device call of a new fixed
+    /// segment (`release_lock_on_cudamalloc`; see the module docs for
+    /// where it applies).
     pub release_lock_on_device_malloc: bool,
     /// Reuse during graph capture.
     pub graph_capture_record_stream_reuse: CaptureReuse,
@@ -887,9 +898,7 @@ impl AllocatorConfig {
             "release_lock_on_cudamalloc"
             | "release_lock_on_hipmalloc"
             | "release_lock_on_device_malloc" => {
-                // a hint about lock holding, which changes no result:
-                // checked as PyTorch checks it, then ignored
-                return Ok(parse_bool(key, v)?.then_some(LOCK_HINT));
+                self.release_lock_on_device_malloc = parse_bool(key, v)?;
             }
             "graph_capture_record_stream_reuse" => {
                 self.graph_capture_record_stream_reuse = match v {
@@ -1231,6 +1240,9 @@ mod tests {
             ("idle_stream_reuse", "True"),
             ("placement", "pytorch"),
             ("expandable_segments", "True"),
+            ("release_lock_on_cudamalloc", "True"),
+            ("release_lock_on_hipmalloc", "True"),
+            ("release_lock_on_device_malloc", "True"),
         ];
         let refused: &[&str] = &["throw_on_cudamalloc_oom", "throw_on_device_malloc_oom"];
         // (key, PyTorch's default, a value valid for PyTorch that cachalot ignores)
@@ -1242,9 +1254,6 @@ mod tests {
             ("pinned_use_background_threads", "False", "True"),
             ("pinned_num_register_threads", "1", "8"),
             ("pinned_reserve_segment_size_mb", "", "8"),
-            ("release_lock_on_cudamalloc", "False", "True"),
-            ("release_lock_on_hipmalloc", "False", "True"),
-            ("release_lock_on_device_malloc", "False", "True"),
         ];
         let bare = |c: AllocatorConfig| AllocatorConfig {
             last_config_string: String::new(),
@@ -1316,6 +1325,32 @@ mod tests {
                 + usize::from(ignored.iter().any(|i| i.0 == *k));
             assert_eq!(n, 1, "key {k} is in {n} of the lists");
             assert!(AllocatorConfig::is_known(k), "{k}");
+        }
+    }
+
+    /// `release_lock_on_cudamalloc` and its aliases set one field, with
+    /// no warning, as PyTorch parses it (exactly `True`/`False`); a parse
+    /// that does not name it keeps it.
+    #[test]
+    fn release_lock_is_a_bool_kept_across_parses() {
+        for k in [
+            "release_lock_on_cudamalloc",
+            "release_lock_on_hipmalloc",
+            "release_lock_on_device_malloc",
+        ] {
+            let (c, w) = AllocatorConfig::parse_with_warnings(&format!("{k}:True")).unwrap();
+            assert!(c.release_lock_on_device_malloc, "{k}");
+            assert!(w.is_empty(), "{k}: {w:?}");
+            let mut c2 = c.clone();
+            c2.apply("max_split_size_mb:100").unwrap();
+            assert!(c2.release_lock_on_device_malloc, "{k} reset by another key");
+            c2.apply(&format!("{k}:False")).unwrap();
+            assert!(!c2.release_lock_on_device_malloc, "{k}");
+            for bad in ["true", "1", "yes", "TRUE"] {
+                let e = err(&format!("{k}:{bad}"));
+                assert_eq!(e.key, k, "{e}");
+                assert!(e.to_string().contains("Expected 'True' or 'False'"), "{e}");
+            }
         }
     }
 

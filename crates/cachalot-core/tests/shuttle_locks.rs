@@ -6,7 +6,9 @@
 //! free, record uses on each other's stream and empty the cache, while the
 //! main thread reads the stats and checks every invariant. Every schedule
 //! must end (no deadlock), lose no block, and leave the stats exactly the
-//! sums over the blocks, every current at zero.
+//! sums over the blocks, every current at zero. The same with the device
+//! calls of new segments made with every lock released
+//! (`release_lock_on_cudamalloc:True`).
 //!
 //! Run: `cargo test -p cachalot-core --features shuttle --test shuttle_locks`.
 
@@ -52,8 +54,23 @@ fn worker(a: &CachingAllocator<MockBackend>, m: &MockBackend, s: MockStream, oth
 }
 
 fn scenario() {
+    scenario_with(AllocatorConfig::default());
+}
+
+/// [`scenario`] with fixed segments whose device calls run with every lock
+/// released (`release_lock_on_cudamalloc:True`): the misses and OOMs of
+/// one thread stop mid-ladder, the other thread's hits, frees, misses and
+/// `empty_cache` run meanwhile, and the ladder goes on after the call.
+fn unlocked_malloc() {
+    scenario_with(
+        AllocatorConfig::parse("expandable_segments:False,release_lock_on_cudamalloc:True")
+            .unwrap(),
+    );
+}
+
+fn scenario_with(config: AllocatorConfig) {
     let m = MockConfig::new(64 * MIB).build();
-    let a = Arc::new(CachingAllocator::with_config(m.clone(), AllocatorConfig::default()).unwrap());
+    let a = Arc::new(CachingAllocator::with_config(m.clone(), config).unwrap());
     let (s1, s2) = (m.create_stream(), m.create_stream());
     let t1 = {
         let (a, m) = (a.clone(), m.clone());
@@ -183,4 +200,10 @@ fn random_schedules() {
 #[test]
 fn pct_schedules() {
     shuttle::check_pct(scenario, 3000, 3);
+}
+
+#[test]
+fn unlocked_malloc_schedules() {
+    shuttle::check_random(unlocked_malloc, 3000);
+    shuttle::check_pct(unlocked_malloc, 3000, 3);
 }

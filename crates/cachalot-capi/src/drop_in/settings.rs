@@ -43,6 +43,8 @@ pub struct CachalotConfigInfo {
     /// The last configuration string (NUL-terminated; valid until the
     /// calling thread's next `cachalot_current_config`).
     pub last_config: *const c_char,
+    /// 1 when `release_lock_on_cudamalloc` is on.
+    pub release_lock_on_malloc: i32,
 }
 
 impl CachalotConfigInfo {
@@ -67,6 +69,7 @@ impl CachalotConfigInfo {
             ),
             roundup_power2_divisions: divisions,
             last_config: std::ptr::null(),
+            release_lock_on_malloc: i32::from(cfg.release_lock_on_device_malloc),
         };
         (info, last)
     }

@@ -8,7 +8,8 @@
 //! * [`Inner::check_live`]: the live map holds exactly the allocated blocks;
 //! * [`Inner::check_events`]: events queued = outstanding = on blocks, and
 //!   every pending block waits for an event or a capture;
-//! * [`Inner::check_pools`]: each pool's segment count;
+//! * [`Inner::check_pools`]: each pool's segment count and device calls
+//!   in flight;
 //! * [`Inner::check_stats`]: every current stat equals its sum over blocks
 //!   and segments, and no peak is below its current value.
 #![forbid(unsafe_code)]
@@ -414,8 +415,16 @@ impl<B: Backend> Inner<B> {
         Ok(())
     }
 
-    /// Each pool counts exactly the segments whose blocks name it.
+    /// Each pool counts exactly the segments whose blocks name it; the
+    /// pools' device calls in flight sum to the engine's.
     pub(crate) fn check_pools(&self) -> Result<(), String> {
+        let calls: u32 = self.pools.iter().map(|(_, p)| p.calls()).sum();
+        if calls != self.in_flight.calls || (calls == 0) != (self.in_flight.bytes == 0) {
+            return Err(format!(
+                "device calls in flight: pools count {calls}, the engine {:?}",
+                self.in_flight
+            ));
+        }
         for (idx, p) in self.pools.iter() {
             let segs = self
                 .segments

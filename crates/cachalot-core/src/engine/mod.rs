@@ -34,6 +34,7 @@ mod snapshot;
 mod stat_log;
 mod state;
 mod sync;
+mod unlocked;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -241,14 +242,20 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// The end of a device-path allocation: the address owned by shard `k`,
-    /// or the out-of-memory error (observers notified first).
+    /// or the out-of-memory error (observers notified first); a device
+    /// call to make with the lock released first (`unlocked.rs`).
     pub(in crate::engine) fn finish_alloc(
         &self,
-        outcome: AllocOutcome,
+        outcome: AllocOutcome<B::Stream>,
         k: usize,
         size: u64,
     ) -> Result<u64, Error> {
         match outcome {
+            AllocOutcome::Call(call) => {
+                // (no lock is held here: the call is made unlocked)
+                let next = self.device_call(*call)?;
+                self.finish_alloc(next, k, size)
+            }
             AllocOutcome::Ok(addr) => {
                 shard::owner_set(addr, k);
                 Ok(addr)

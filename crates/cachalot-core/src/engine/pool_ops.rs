@@ -129,6 +129,19 @@ impl<B: Backend> CachingAllocator<B> {
     }
 }
 
+/// The device call of a new fixed segment of `size` bytes: the pool's
+/// source `src` when it has one, else the backend. Needs no lock.
+pub(super) fn device_memory<B: Backend>(
+    backend: &B,
+    src: Option<&dyn SegmentSource>,
+    size: u64,
+) -> Result<u64, DeviceAllocError> {
+    match src {
+        None => backend.malloc(size).map(|p| p.addr()),
+        Some(src) => src.alloc(size),
+    }
+}
+
 impl<B: Backend> Inner<B> {
     /// The index of live private pool `id`.
     fn private_pool(&self, id: PoolId) -> Result<PoolIdx, Error> {
@@ -183,10 +196,24 @@ impl<B: Backend> Inner<B> {
         pool: PoolIdx,
         size: u64,
     ) -> Result<u64, DeviceAllocError> {
-        let Some(src) = self.source(pool).cloned() else {
-            return backend.malloc(size).map(|p| p.addr());
+        let src = self.source(pool).cloned();
+        let got = device_memory(backend, src.as_deref(), size);
+        self.accept_memory(pool, size, src.as_deref(), got)
+    }
+
+    /// What [`Self::segment_memory`] checks of the device call's answer
+    /// `got` (from `src` when the pool has a source), with the lock held.
+    pub(super) fn accept_memory(
+        &mut self,
+        pool: PoolIdx,
+        size: u64,
+        src: Option<&dyn SegmentSource>,
+        got: Result<u64, DeviceAllocError>,
+    ) -> Result<u64, DeviceAllocError> {
+        let Some(src) = src else {
+            return got;
         };
-        let addr = src.alloc(size)?;
+        let addr = got?;
         if addr == 0 {
             return Err(DeviceAllocError::OutOfMemory);
         }
@@ -240,7 +267,7 @@ impl<B: Backend> Inner<B> {
         Ok(())
     }
 
-    fn source(&self, pool: PoolIdx) -> Option<&Arc<dyn SegmentSource>> {
+    pub(super) fn source(&self, pool: PoolIdx) -> Option<&Arc<dyn SegmentSource>> {
         if pool == DEFAULT_POOL {
             return None;
         }

@@ -13,8 +13,10 @@ use crate::error::{BackendError, CaptureError, DeviceAllocError};
 /// Where the segments of a private pool come from instead of the backend:
 /// a user's allocator (PyTorch's `torch.cuda.MemPool(allocator=...)`,
 /// whose pool takes every segment from a `CUDAPluggableAllocator`'s
-/// functions). The engine calls it with its device lock held, for whole
-/// segments only (rounded as any segment of the pool), and never maps
+/// functions). The engine calls it for whole segments only (rounded as
+/// any segment of the pool), with its device lock held, except `alloc`
+/// while `release_lock_on_device_malloc` is on (then, as PyTorch calls a
+/// pool's allocator, with every lock of the engine released), and never maps
 /// pages of such a pool (no expandable segments there). The pool holds the
 /// source until it is deleted, after its last segment went back.
 pub trait SegmentSource: Send + Sync {
@@ -78,6 +80,9 @@ pub(crate) struct PoolPair<S> {
     use_count: u32,
     /// Segments owned by the pool.
     segments: u32,
+    /// Device calls in flight for a segment of the pool, made with the
+    /// lock released (`unlocked.rs`): the pool is not deleted under them.
+    calls: u32,
     /// The pool's options.
     pub options: PoolOptions,
 }
@@ -90,6 +95,7 @@ impl<S> PoolPair<S> {
             large: BlockPool::default(),
             use_count: 1,
             segments: 0,
+            calls: 0,
             options: PoolOptions::default(),
         }
     }
@@ -134,6 +140,11 @@ impl<S> PoolPair<S> {
     /// Segments owned by the pool.
     pub fn segments(&self) -> u32 {
         self.segments
+    }
+
+    /// Device calls in flight for a segment of the pool.
+    pub fn calls(&self) -> u32 {
+        self.calls
     }
 }
 
@@ -230,6 +241,16 @@ impl<S> Pools<S> {
         self.pair_mut(idx).segments -= 1;
     }
 
+    /// Counts a device call in flight for a segment of pair `idx`.
+    pub fn start_call(&mut self, idx: PoolIdx) {
+        self.pair_mut(idx).calls += 1;
+    }
+
+    /// Counts a device call of pair `idx` ended.
+    pub fn end_call(&mut self, idx: PoolIdx) {
+        self.pair_mut(idx).calls -= 1;
+    }
+
     /// PyTorch's `createOrIncrefPool`: [`Self::begin_use`], and a new pool
     /// gets its segments from `source` when one is given. A source for a
     /// pool that exists already is refused, as PyTorch refuses it.
@@ -294,10 +315,12 @@ impl<S> Pools<S> {
         Ok(p.use_count == 0)
     }
 
-    /// Deletes the freeable pair `idx` if it owns no segment any more.
+    /// Deletes the freeable pair `idx` if it owns no segment any more
+    /// and no device call for one is in flight.
     pub fn delete_if_empty(&mut self, idx: PoolIdx) {
         if let Some(p) = &self.pairs[idx as usize]
             && p.segments == 0
+            && p.calls == 0
         {
             let id = p.id;
             self.pairs[idx as usize] = None;

@@ -17,8 +17,9 @@ use crate::engine::pools::{DEFAULT_POOL, PoolIdx, Pools};
 use crate::engine::rounding::{
     MAX_REQUEST, MIN_BLOCK_SIZE, SMALL_SIZE, allocation_size, round_size,
 };
-use crate::engine::segments::{Phys, ReleaseFailures, Segments};
+use crate::engine::segments::{NewSegment, Phys, ReleaseFailures, Segments};
 use crate::engine::shard::{Router, SHARDS};
+use crate::engine::unlocked::{DeviceCall, InFlight, Rung};
 use crate::error::{Error, OomReport};
 use crate::stats::{DeviceStats, StatType};
 
@@ -37,7 +38,7 @@ pub(crate) struct Params<S> {
 }
 
 /// How `malloc` ended, when it did not fail with an error.
-pub(crate) enum AllocOutcome {
+pub(crate) enum AllocOutcome<S> {
     /// The address handed out.
     Ok(u64),
     /// Out of memory; the caller reports it after dropping the lock.
@@ -46,6 +47,10 @@ pub(crate) enum AllocOutcome {
         /// The segment exceeds the device (or the memory fraction) itself.
         never_fits: bool,
     },
+    /// Not ended yet: the device call of a new fixed segment is to be made
+    /// with the lock released (`release_lock_on_device_malloc`), then
+    /// [`Inner::resume_malloc`] goes on (`unlocked.rs`).
+    Call(Box<DeviceCall<S>>),
 }
 
 /// What [`Inner::free`] does once its fallible part succeeded.
@@ -148,6 +153,8 @@ pub(crate) struct Inner<B: Backend> {
     pub(super) lent_waits: u64,
     /// Sees every segment event (`pool_ops.rs`).
     pub(super) tracker: Option<crate::engine::SegmentTracker>,
+    /// Device calls of new segments in flight with the lock released.
+    pub(super) in_flight: InFlight,
 }
 
 impl<B: Backend> Inner<B> {
@@ -182,6 +189,7 @@ impl<B: Backend> Inner<B> {
             lent: 0,
             lent_waits: 0,
             tracker: None,
+            in_flight: InFlight::default(),
             config,
         }
     }
@@ -216,7 +224,7 @@ impl<B: Backend> Inner<B> {
         backend: &B,
         size: u64,
         stream: B::Stream,
-    ) -> Result<AllocOutcome, Error> {
+    ) -> Result<AllocOutcome<B::Stream>, Error> {
         self.malloc_to(backend, size, stream, None)
     }
 
@@ -228,7 +236,7 @@ impl<B: Backend> Inner<B> {
         size: u64,
         stream: B::Stream,
         to: Option<PoolIdx>,
-    ) -> Result<AllocOutcome, Error> {
+    ) -> Result<AllocOutcome<B::Stream>, Error> {
         debug_assert!(size > 0 && size < MAX_REQUEST);
         let mut ctx = MallocCtx::default();
         let capturing = self.capture.is_active();
@@ -260,29 +268,60 @@ impl<B: Backend> Inner<B> {
     /// || (release_all && alloc_block)`, with garbage collection first and
     /// cachalot's idle-stream reuse before the device call.
     #[cold]
-    fn malloc_slow(&mut self, backend: &B, p: &Params<B::Stream>) -> Result<AllocOutcome, Error> {
+    fn malloc_slow(
+        &mut self,
+        backend: &B,
+        p: &Params<B::Stream>,
+    ) -> Result<AllocOutcome<B::Stream>, Error> {
         if self.limits.allowed_max.is_some() && self.config.garbage_collection_threshold > 0.0 {
             self.garbage_collect(backend)?;
         }
-        let capturing = self.capture.is_active();
         let mut found = None;
-        if self.config.idle_stream_reuse && !capturing {
+        if self.config.idle_stream_reuse && !self.capture.is_active() {
             found = self.take_idle_block(backend, p)?;
         }
         if found.is_none() {
             found = self.lend(backend, p);
         }
         if found.is_none() {
-            found = self.alloc_segment(backend, p)?;
+            match self.alloc_segment(backend, p)? {
+                NewSegment::Got(id) => found = Some(id),
+                NewSegment::None => {}
+                NewSegment::Call(size) => return Ok(self.suspend(p, Rung::First, size)),
+            }
         }
-        if found.is_none() {
-            found = self.borrow_use_on_oom_block(p);
+        self.ladder_after(backend, p, Rung::First, found)
+    }
+
+    /// The ladder's rungs after `done`'s device call, which got `found`
+    /// (the same run, or the run resumed after a device call made with the
+    /// lock released: then the state is read again, as PyTorch reads it
+    /// after it takes its lock again).
+    pub(super) fn ladder_after(
+        &mut self,
+        backend: &B,
+        p: &Params<B::Stream>,
+        done: Rung,
+        mut found: Option<BlockId>,
+    ) -> Result<AllocOutcome<B::Stream>, Error> {
+        if done == Rung::First {
+            if found.is_none() {
+                found = self.borrow_use_on_oom_block(p);
+            }
+            if found.is_none() && self.release_available_cached_blocks(backend, p)? {
+                match self.alloc_after_release(backend, p)? {
+                    NewSegment::Got(id) => found = Some(id),
+                    NewSegment::None => {}
+                    NewSegment::Call(size) => return Ok(self.suspend(p, Rung::Available, size)),
+                }
+            }
         }
-        if found.is_none() && self.release_available_cached_blocks(backend, p)? {
-            found = self.alloc_after_release(backend, p)?;
-        }
-        if found.is_none() && !capturing {
-            found = self.release_all_and_retry(backend, p)?;
+        if done < Rung::All && found.is_none() && !self.capture.is_active() {
+            match self.release_all_and_retry(backend, p)? {
+                NewSegment::Got(id) => found = Some(id),
+                NewSegment::None => {}
+                NewSegment::Call(size) => return Ok(self.suspend(p, Rung::All, size)),
+            }
         }
         // A segment the ladder could not release stays cached (warned
         // about); the allocation's outcome does not depend on it.
@@ -329,11 +368,11 @@ impl<B: Backend> Inner<B> {
         &mut self,
         backend: &B,
         p: &Params<B::Stream>,
-    ) -> Result<Option<BlockId>, Error> {
+    ) -> Result<NewSegment, Error> {
         self.stats.num_alloc_retries += 1;
         self.synchronize_and_free_events(backend, None)?;
         if let Some(id) = self.search_cached(backend, p) {
-            return Ok(Some(id));
+            return Ok(NewSegment::Got(id));
         }
         self.release_default_pools(backend);
         self.release_freeable_private_pools(backend);
@@ -353,11 +392,11 @@ impl<B: Backend> Inner<B> {
         &mut self,
         backend: &B,
         p: &Params<B::Stream>,
-    ) -> Result<Option<BlockId>, Error> {
+    ) -> Result<NewSegment, Error> {
         if self.ever_expandable
             && let Some(id) = self.search_cached(backend, p)
         {
-            return Ok(Some(id));
+            return Ok(NewSegment::Got(id));
         }
         self.alloc_segment(backend, p)
     }

@@ -309,6 +309,26 @@ impl ReleaseFailures {
     }
 }
 
+/// What [`Inner::alloc_segment`] got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NewSegment {
+    /// The new segment's block (free, counted out to the request's stream).
+    Got(BlockId),
+    /// Out of memory, or over the memory fraction (the ladder goes on).
+    None,
+    /// A fixed segment of this many bytes is to come from a device call
+    /// made with the device lock released
+    /// (`release_lock_on_device_malloc`, `unlocked.rs`): nothing changed.
+    Call(u64),
+}
+
+impl NewSegment {
+    /// The block, when there is one.
+    pub fn from_found(found: Option<BlockId>) -> Self {
+        found.map_or(Self::None, Self::Got)
+    }
+}
+
 /// Whether a free block may be returned to the device: it is its whole
 /// (fixed) segment.
 #[inline]
@@ -319,13 +339,15 @@ pub(crate) fn releasable<S>(b: &Block<S>) -> bool {
 impl<B: Backend> Inner<B> {
     /// Gets a new segment of `p.alloc_size` bytes from the device as one free
     /// block counted out to `p.stream` (PyTorch's `alloc_block`).
-    /// `Ok(None)` = out of memory, or over the memory fraction (retry may
-    /// help); `Err` = another driver error.
+    /// [`NewSegment::None`] = out of memory, or over the memory fraction
+    /// (retry may help); [`NewSegment::Call`] = a fixed segment whose
+    /// device call the caller makes with the lock released; `Err` =
+    /// another driver error.
     pub(super) fn alloc_segment(
         &mut self,
         backend: &B,
         p: &Params<B::Stream>,
-    ) -> Result<Option<BlockId>, Error> {
+    ) -> Result<NewSegment, Error> {
         let size = p.alloc_size;
         let expandable = self.expandable_in(p.pool) && backend.virtual_memory().is_some();
         // cachalot's expandable mode: the chain to map into is chosen
@@ -344,11 +366,14 @@ impl<B: Backend> Inner<B> {
             };
             self.recycle_pages(backend, need, keep, target);
         }
+        // (the bytes of device calls in flight with the lock released
+        // count: two of them must not both pass the cap; PyTorch lets
+        // them)
         if let Some(max) = self.limits.allowed_max
-            && self.stats.reserved_bytes.all().current as u64 + size > max
+            && self.stats.reserved_bytes.all().current as u64 + self.in_flight.bytes + size > max
         {
             self.release_spare(backend);
-            return Ok(None);
+            return Ok(NewSegment::None);
         }
         if expandable {
             let r = self.alloc_expandable(backend, p, chain);
@@ -358,9 +383,26 @@ impl<B: Backend> Inner<B> {
                 let made = self.segments.moves.since(&calls);
                 self.recycling.charge(made, self.events.clock(), live);
             }
-            return r;
+            return r.map(NewSegment::from_found);
         }
-        let ptr = match self.segment_memory(backend, p.pool, size) {
+        if self.config.release_lock_on_device_malloc {
+            return Ok(NewSegment::Call(size));
+        }
+        let got = self.segment_memory(backend, p.pool, size);
+        self.new_fixed_segment(p, size, got)
+            .map(NewSegment::from_found)
+    }
+
+    /// Registers the fixed segment of `size` bytes that the device call
+    /// for `p` got (`got`) as one free block counted out to `p.stream`;
+    /// `Ok(None)` when the call was out of memory.
+    pub(super) fn new_fixed_segment(
+        &mut self,
+        p: &Params<B::Stream>,
+        size: u64,
+        got: Result<u64, DeviceAllocError>,
+    ) -> Result<Option<BlockId>, Error> {
+        let ptr = match got {
             Ok(ptr) => ptr,
             Err(DeviceAllocError::OutOfMemory) => return Ok(None),
             Err(DeviceAllocError::Backend(e)) => return Err(e.into()),
