@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use cachalot_conformance::fuzz::engine;
 use cachalot_conformance::mock::Dev;
+use cachalot_core::rng::SplitMix64;
 use cachalot_core::{Backend, CachingAllocator, PoolFilter};
 use cachalot_mock::{MockBackend, MockStream};
 
@@ -79,14 +80,8 @@ fn fuzz_regressions_engine() {
 /// inputs no fuzzer shaped, so that `cargo test` explores a little too.
 #[test]
 fn engine_on_pseudo_random_inputs() {
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    let mut next = move || {
-        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = x;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    };
+    let mut rng = SplitMix64::new(0x2545_f491_4f6c_dd1d);
+    let mut next = move || rng.next_u64();
     for _ in 0..300 {
         let len = (next() % 2048) as usize;
         let bytes: Vec<u8> = (0..len).map(|_| next() as u8).collect();

@@ -9,17 +9,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use cachalot_conformance::mock::{FIXED, GIB};
+use cachalot_core::rng::SplitMix64;
 use cachalot_core::{AllocatorConfig, CachingAllocator, Error};
 use cachalot_mock::MockConfig;
-
-/// splitmix64
-fn next(x: &mut u64) -> u64 {
-    *x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *x;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
 
 /// Eight threads on eight streams (the `cachalot threads` workload) and a
 /// janitor calling `empty_cache` and `memory_stats` every millisecond.
@@ -54,18 +46,18 @@ fn eight_streams_with_a_janitor_every_millisecond() {
         .map(|t| {
             let (a, s, ops) = (a.clone(), streams[t], ops.clone());
             std::thread::spawn(move || {
-                let mut x = 0x1234_5678 ^ (t as u64) << 32;
+                let mut x = SplitMix64::new(0x1234_5678 ^ (t as u64) << 32);
                 let mut live = [0u64; 64];
                 let mut max_live_bytes = 0u64;
                 let mut live_bytes = 0u64;
                 let mut sizes = [0u64; 64];
                 for _ in 0..40_000 {
-                    let k = (next(&mut x) % 64) as usize;
+                    let k = (x.next_u64() % 64) as usize;
                     if live[k] != 0 {
                         a.free(std::mem::take(&mut live[k])).unwrap();
                         live_bytes -= sizes[k];
                     } else {
-                        let size = 512 << (next(&mut x) % 12);
+                        let size = 512 << (x.next_u64() % 12);
                         live[k] = a.allocate(size, s).unwrap();
                         sizes[k] = size;
                         live_bytes += size;
@@ -133,7 +125,7 @@ fn one_thread_on_four_shards_keeps_peaks_exact() {
             a.force_shard_logs();
         }
         let streams: Vec<_> = (0..4).map(|_| m.create_stream()).collect();
-        let mut x = 7u64;
+        let mut x = SplitMix64::new(7);
         // (address, block size, request): the block sizes are asked only
         // when the stats are read every 7th operation (asking takes the
         // device lock, which replays the logs)
@@ -142,7 +134,7 @@ fn one_thread_on_four_shards_keeps_peaks_exact() {
         let (mut req, mut req_peak) = (0i64, 0i64);
         let before = PathCounts::this_thread();
         for i in 0..if every == 7 { 30_000u32 } else { 60_000 } {
-            let r = next(&mut x);
+            let r = x.next_u64();
             if live.len() < 200 && (r & 1 == 0 || live.is_empty()) {
                 let size = 512 << (r % 13);
                 let p = a.allocate(size, streams[(r >> 8) as usize % 4]).unwrap();
@@ -576,7 +568,8 @@ fn peaks_match_a_serial_replay() {
                     .map(|t| {
                         let (a, bar, s) = (&a, &bar, streams[t]);
                         sc.spawn(move || {
-                            let mut rng = 0x5EED_0000 + t as u64 * 7919 + u64::from(logs);
+                            let mut rng =
+                                SplitMix64::new(0x5EED_0000 + t as u64 * 7919 + u64::from(logs));
                             let mut held: Vec<(usize, u64)> = Vec::new();
                             let mut next_id = 0;
                             let mut phases = Vec::with_capacity(PHASES);
@@ -584,8 +577,8 @@ fn peaks_match_a_serial_replay() {
                                 let mut ops = Vec::new();
                                 bar.wait();
                                 if phase % 2 == 0 {
-                                    for _ in 0..1 + next(&mut rng) % 6 {
-                                        let size = SIZES[(next(&mut rng) % 6) as usize];
+                                    for _ in 0..1 + rng.next_u64() % 6 {
+                                        let size = SIZES[(rng.next_u64() % 6) as usize];
                                         let p = a.allocate(size, s).unwrap();
                                         held.push((next_id, p));
                                         ops.push(PhaseOp::Alloc { id: next_id, size });
@@ -594,7 +587,7 @@ fn peaks_match_a_serial_replay() {
                                 } else {
                                     let mut kept = Vec::new();
                                     for (id, p) in held.drain(..) {
-                                        if next(&mut rng).is_multiple_of(2) {
+                                        if rng.next_u64().is_multiple_of(2) {
                                             a.free(p).unwrap();
                                             ops.push(PhaseOp::Free { id });
                                         } else {

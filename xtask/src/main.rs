@@ -936,6 +936,7 @@ mod tests {
     }
 
     const CORE_REPLAY: &str = include_str!("../../crates/cachalot-core/src/replay.rs");
+    const CORE_RNG: &str = include_str!("../../crates/cachalot-core/src/rng.rs");
 
     /// The PyTorch replay prints every field of `cachalot replay --json`,
     /// first and in the same order, so that bench.sh reads both alike.
@@ -985,8 +986,14 @@ mod tests {
         assert_eq!(ours[..3], ["threads", "ops", "mops_per_s"]);
         assert_eq!(&json_keys(cpp)[..3], &ours[..3]);
         let bench = fn_body(CORE_REPLAY, "threads_bench");
+        // (the seed is the bench's; the generator is `rng.rs`'s)
+        assert!(bench.contains("SplitMix64::new"));
+        let generator = fn_body(CORE_RNG, "next_u64");
         let mut constants = 0;
-        for word in bench.split(|c: char| !c.is_ascii_alphanumeric() && c != '_') {
+        for word in [bench, generator]
+            .iter()
+            .flat_map(|b| b.split(|c: char| !c.is_ascii_alphanumeric() && c != '_'))
+        {
             if let Some(hex) = word.strip_prefix("0x") {
                 let hex = hex
                     .replace('_', "")
@@ -998,7 +1005,7 @@ mod tests {
         }
         assert!(constants >= 4, "{constants}");
         for shift in [">> 30", ">> 27", ">> 31"] {
-            assert!(bench.contains(shift) && cpp.contains(shift), "{shift}");
+            assert!(generator.contains(shift) && cpp.contains(shift), "{shift}");
         }
         assert!(bench.contains("run(20_000)") && cpp.contains("kWarmupOps = 20000"));
         assert!(bench.contains("% 64") && cpp.contains("% 64"));

@@ -5,6 +5,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
+use cachalot_core::rng::SplitMix64;
 use cachalot_core::{
     Backend, BackendError, CaptureStatus, DependencyUpdate, DeviceAllocError, DeviceIndex,
     GraphCapture, MemoryInfo, VirtualMemory,
@@ -36,15 +37,6 @@ fn seed_of(c: Completion) -> u64 {
         Completion::Random { seed, .. } => seed,
         _ => 0,
     }
-}
-
-/// splitmix64: the next pseudo-random number of the sequence at `state`.
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 fn push_unique(v: &mut Vec<u32>, items: impl IntoIterator<Item = u32>) {
@@ -100,7 +92,7 @@ struct State {
     placement: Placement,
     completion: Completion,
     /// State of the delay generator of [`Completion::Random`].
-    rng: u64,
+    rng: SplitMix64,
     /// The operation clock (see [`Completion::Random`]).
     now: u64,
     /// Smallest due clock of late work (`u64::MAX` when none).
@@ -159,7 +151,7 @@ impl State {
             instance: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
             placement: cfg.placement,
             completion: cfg.completion,
-            rng: seed_of(cfg.completion),
+            rng: SplitMix64::new(seed_of(cfg.completion)),
             now: 0,
             next_due: u64::MAX,
             capture_mode: cfg.capture_mode,
@@ -764,7 +756,7 @@ impl State {
     /// Sets the completion mode; pending late work stays pending.
     fn set_completion(&mut self, completion: Completion) {
         self.completion = completion;
-        self.rng = seed_of(completion);
+        self.rng = SplitMix64::new(seed_of(completion));
         for st in &mut self.streams {
             st.due.clear();
         }
@@ -898,7 +890,7 @@ impl State {
             Completion::Immediate => self.complete_to(i, pos),
             Completion::Manual => {}
             Completion::Random { max_delay_ops, .. } => {
-                let d = splitmix(&mut self.rng) % (u64::from(max_delay_ops) + 1);
+                let d = self.rng.next_u64() % (u64::from(max_delay_ops) + 1);
                 let st = &mut self.streams[i];
                 let due = st
                     .due

@@ -33,6 +33,7 @@ use std::time::Instant;
 
 use cachalot::BackendKind;
 use cachalot::mock::{MockBackend, MockConfig, MockStream, Placement};
+use cachalot_core::rng::SplitMix64;
 use cachalot_core::{
     AllocatorConfig, Backend, CachingAllocator, CaptureReuse, PoolFilter, graph_pool_handle,
 };
@@ -349,27 +350,6 @@ impl SimParams {
     }
 }
 
-/// splitmix64: a tiny deterministic generator.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [0, 1).
-    fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    /// Uniform in [0, n) (n > 0).
-    fn below(&mut self, n: u64) -> u64 {
-        ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
-    }
-}
-
 /// One operation of the program; ids name allocations, streams are indices
 /// (0 = the capture stream).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -510,7 +490,7 @@ impl SimDevice for cachalot::cuda::CudaBackend {
 
 impl Program {
     fn generate(p: &SimParams) -> Self {
-        let mut rng = SplitMix64(p.seed);
+        let mut rng = SplitMix64::new(p.seed);
         let mut ops = Vec::with_capacity(p.ops as usize);
         let mut live: Vec<(u32, u32)> = Vec::new();
         let mut ids = 0u32;

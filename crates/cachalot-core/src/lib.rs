@@ -20,6 +20,7 @@ pub mod config;
 pub mod error;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzz;
+pub mod rng;
 pub mod stats;
 
 pub use backend::{

@@ -1246,15 +1246,9 @@ pub fn threads_bench<B: Backend>(
     }
     let work = |t: usize, ops: u64| -> Result<PathCounts, Error> {
         let before = PathCounts::this_thread();
-        let mut rng = 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(t as u64 + 1);
-        let mut next = move || {
-            // splitmix64
-            rng = rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = rng;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        };
+        let mut rng =
+            crate::rng::SplitMix64::new(0x9E37_79B9_7F4A_7C15u64.wrapping_mul(t as u64 + 1));
+        let mut next = move || rng.next_u64();
         let mut live = [0u64; 64];
         for _ in 0..ops {
             let k = (next() % 64) as usize;
