@@ -576,9 +576,9 @@ impl<B: Backend> Inner<B> {
         member.clear();
         heads.extend(
             pool.free
-                .streams()
-                .filter(|&s| s != p.stream)
-                .filter_map(|s| head(s, pool.free.first_at_least(s, p.size)?)),
+                .sets()
+                .filter(|e| e.0 != p.stream)
+                .filter_map(|(s, set)| head(s, set.first_at_least(p.size)?)),
         );
         let mut found = Ok(None);
         while let Some(h) = (0..heads.len()).min_by_key(|&i| (heads[i].size, heads[i].addr)) {

@@ -469,18 +469,12 @@ impl<B: Backend> Inner<B> {
             return None;
         }
         let fit = FitRule::of(&self.config);
-        let streams: Vec<B::Stream> = self
-            .pools
-            .pool(p.pool, p.small)
-            .free
-            .streams()
-            .filter(|&s| s != p.stream)
-            .collect();
-        // The candidates, (size, addr, stream, id): with no device call
+        // The candidates, (size, addr, stream, id): with no device call,
+        // one walk over the streams that have free blocks
         let mut cands: Vec<(u64, u64, B::Stream, BlockId)> = Vec::new();
-        for s in streams {
-            let pool = self.pools.pool(p.pool, p.small);
-            let mut at = pool.free.first_at_least(s, p.size);
+        let pool = self.pools.pool(p.pool, p.small);
+        for (s, set) in pool.free.sets().filter(|e| e.0 != p.stream) {
+            let mut at = set.first_at_least(p.size);
             let mut looked = 0;
             while let Some(f) = at {
                 if !fit.accepts(p.size, f.size)
@@ -493,7 +487,7 @@ impl<B: Backend> Inner<B> {
                 if self.unmappable(f.id) {
                     cands.push((f.size, f.addr, s, f.id));
                 }
-                at = pool.free.next_after(s, f.size, f.addr);
+                at = set.next_after(f.size, f.addr);
             }
         }
         cands.sort_unstable_by_key(|c| (c.0, c.1));

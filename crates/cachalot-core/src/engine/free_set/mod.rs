@@ -8,6 +8,7 @@ mod stream_set;
 #[cfg(test)]
 mod tests;
 
+use smallvec::SmallVec;
 use stream_set::{StreamSet, Whole, fkey, unkey};
 
 use crate::engine::block::BlockId;
@@ -57,11 +58,42 @@ pub(crate) enum Back {
     Drained,
 }
 
+/// One stream's free blocks in a [`FreeSet`] ([`FreeSet::sets`]).
+#[derive(Clone, Copy)]
+pub(crate) struct SetView<'a>(&'a StreamSet);
+
+impl SetView<'_> {
+    /// The smallest block with size ≥ `size`, lowest address first
+    /// ([`FreeSet::first_at_least`]).
+    #[inline]
+    pub fn first_at_least(self, size: u64) -> Option<Found> {
+        let set = self.0;
+        let (k, id) = match (set.first_at_least(fkey(size, 0)), set.best_whole(size)) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b)?,
+        };
+        let (size, addr) = unkey(k);
+        Some(Found { size, addr, id })
+    }
+
+    /// The block next after `(size, addr)` in (size, address) order,
+    /// dormant segments aside ([`FreeSet::next_after`]).
+    #[inline]
+    pub fn next_after(self, size: u64, addr: u64) -> Option<Found> {
+        let (k, id) = self.0.first_at_least_key(fkey(size, addr + 1))?;
+        let (size, addr) = unkey(k);
+        Some(Found { size, addr, id })
+    }
+}
+
 /// Free blocks ordered by (stream, size, address) as PyTorch's free set:
 /// one [`StreamSet`] per stream, keyed by `size << 64 | address`.
 pub(crate) struct FreeSet<S> {
-    streams: Vec<(S, StreamSet)>,
+    streams: Vec<(S, Box<StreamSet>)>,
     len: usize,
+    /// Where [`FreeSet::hand_out`] handed each stream's set, in stream
+    /// order: (stream, index of the set it went to).
+    out_to: Vec<(S, u8)>,
 }
 
 impl<S> Default for FreeSet<S> {
@@ -69,6 +101,7 @@ impl<S> Default for FreeSet<S> {
         Self {
             streams: Vec::new(),
             len: 0,
+            out_to: Vec::new(),
         }
     }
 }
@@ -76,7 +109,7 @@ impl<S> Default for FreeSet<S> {
 impl<S: Copy + Ord> FreeSet<S> {
     #[inline]
     fn set(&self, s: S) -> Option<&StreamSet> {
-        self.streams.iter().find(|e| e.0 == s).map(|e| &e.1)
+        self.streams.iter().find(|e| e.0 == s).map(|e| &*e.1)
     }
 
     #[inline]
@@ -91,7 +124,7 @@ impl<S: Copy + Ord> FreeSet<S> {
     #[cold]
     fn add_stream(&mut self, s: S) -> usize {
         let at = self.streams.partition_point(|e| e.0 < s);
-        self.streams.insert(at, (s, StreamSet::default()));
+        self.streams.insert(at, (s, Box::default()));
         at
     }
 
@@ -150,7 +183,7 @@ impl<S: Copy + Ord> FreeSet<S> {
         size: u64,
         accept: impl Fn(u64) -> bool,
     ) -> Option<Found> {
-        let set = &mut self.streams.iter_mut().find(|e| e.0 == s)?.1;
+        let set = &mut *self.streams.iter_mut().find(|e| e.0 == s)?.1;
         let (k, id) = match set.take_first_at_least(fkey(size, 0), |k| accept(unkey(k).0)) {
             Some(hit) => hit,
             None => {
@@ -315,22 +348,24 @@ impl<S: Copy + Ord> FreeSet<S> {
     /// Smallest block of stream `s` with size ≥ `size`, lowest address first.
     #[inline]
     pub fn first_at_least(&self, s: S, size: u64) -> Option<Found> {
-        let set = self.set(s)?;
-        let (k, id) = match (set.first_at_least(fkey(size, 0)), set.best_whole(size)) {
-            (Some(a), Some(b)) => a.min(b),
-            (a, b) => a.or(b)?,
-        };
-        let (size, addr) = unkey(k);
-        Some(Found { size, addr, id })
+        SetView(self.set(s)?).first_at_least(size)
     }
 
     /// The block of stream `s` next after `(size, addr)` in (size,
     /// address) order (dormant segments aside).
     #[inline]
     pub fn next_after(&self, s: S, size: u64, addr: u64) -> Option<Found> {
-        let (k, id) = self.set(s)?.first_at_least_key(fkey(size, addr + 1))?;
-        let (size, addr) = unkey(k);
-        Some(Found { size, addr, id })
+        SetView(self.set(s)?).next_after(size, addr)
+    }
+
+    /// Each stream that has a free block here, in stream order, with its
+    /// blocks: a walk over every stream's blocks with no lookup of the
+    /// stream (a search per stream would scan the streams again).
+    pub fn sets(&self) -> impl Iterator<Item = (S, SetView<'_>)> + '_ {
+        self.streams
+            .iter()
+            .filter(|e| e.1.len() > 0)
+            .map(|e| (e.0, SetView(&e.1)))
     }
 
     /// Blocks of stream `s` with size in `[lo, hi)`, largest first.
@@ -369,34 +404,76 @@ impl<S: Copy + Ord> FreeSet<S> {
         self.streams.iter().map(|e| e.0)
     }
 
-    /// The last stream with a set.
-    #[inline]
-    pub fn last_stream(&self) -> Option<S> {
-        self.streams.last().map(|e| e.0)
-    }
-
-    /// Moves the last stream's set to `to` (a shard's set; call
-    /// [`FreeSet::sort_streams`] on it once all are moved). No allocation
-    /// once the vectors have grown.
-    pub fn move_last_to(&mut self, to: &mut FreeSet<S>) {
-        if let Some(e) = self.streams.pop() {
-            let n = e.1.len();
-            self.len -= n;
-            to.len += n;
-            to.streams.push(e);
+    /// Hands every stream's set out, in stream order, to the set
+    /// `to[route(s)]` (a shard's: appended, so a set that was empty stays
+    /// in stream order; call [`FreeSet::sort_streams`] on any other), and
+    /// notes where each went for [`FreeSet::take_back`]. No allocation once
+    /// the vectors have grown, no search: one pass.
+    pub fn hand_out(
+        &mut self,
+        to: &mut [Option<&mut FreeSet<S>>],
+        mut route: impl FnMut(S) -> usize,
+    ) {
+        self.out_to.clear();
+        for (s, set) in self.streams.drain(..) {
+            let k = route(s);
+            let dst = to[k]
+                .as_deref_mut()
+                .expect("the caller holds the shard of every stream");
+            dst.len += set.len();
+            dst.streams.push((s, set));
+            self.out_to.push((s, k as u8));
         }
+        self.len = 0;
     }
 
-    /// Takes every stream's set of `from` back (the reverse of
-    /// [`FreeSet::move_streams_to`]; call [`FreeSet::sort_streams`] once
-    /// all are back).
-    pub fn take_streams_from(&mut self, from: &mut FreeSet<S>) {
-        self.len += from.len;
-        from.len = 0;
-        self.streams.append(&mut from.streams);
+    /// Takes every stream's set of the sets `from` back (the reverse of
+    /// [`FreeSet::hand_out`]), in stream order: the sets handed out are
+    /// picked from their shards' sets in the order they went out (each
+    /// shard's in stream order), so no sort is needed. A set a shard made
+    /// meanwhile (a stream new to it) or one that was not handed out from
+    /// here is appended, and only then are the sets sorted by stream.
+    pub fn take_back(&mut self, from: &mut [Option<&mut FreeSet<S>>]) {
+        let mut extra = !self.streams.is_empty();
+        let mut drains: SmallVec<[_; 16]> = from
+            .iter_mut()
+            .map(|f| {
+                f.as_deref_mut().map(|f| {
+                    self.len += f.len;
+                    f.len = 0;
+                    f.streams.drain(..)
+                })
+            })
+            .collect();
+        let total: usize = drains.iter().flatten().map(|d| d.len()).sum();
+        self.streams.reserve(total);
+        for &(s, k) in &self.out_to {
+            let Some(d) = drains.get_mut(k as usize).and_then(|d| d.as_mut()) else {
+                continue;
+            };
+            // (a stream new to the shard comes before its next one; each
+            // set moves once)
+            while d.as_slice().first().is_some_and(|e| e.0 != s) {
+                extra = true;
+                self.streams.extend(d.next());
+            }
+            self.streams.extend(d.next());
+        }
+        self.out_to.clear();
+        for d in drains.iter_mut().flatten() {
+            for e in d {
+                extra = true;
+                self.streams.push(e);
+            }
+        }
+        if extra {
+            self.sort_streams();
+        }
+        debug_assert!(self.streams.is_sorted_by_key(|e| e.0));
     }
 
-    /// Restores the stream order after [`FreeSet::take_streams_from`].
+    /// Restores the stream order (after [`FreeSet::hand_out`] to a set
+    /// that was not empty).
     pub fn sort_streams(&mut self) {
         self.streams.sort_unstable_by_key(|e| e.0);
     }

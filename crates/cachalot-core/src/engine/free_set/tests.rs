@@ -87,3 +87,70 @@ fn free_set_matches_an_ordered_set() {
         assert_eq!(all, model.into_iter().collect::<Vec<_>>());
     }
 }
+
+/// Handing the sets out to shards and taking them back keeps every block
+/// and the stream order, with streams new to a shard, sets emptied there
+/// and shards not held: the order of (stream, size, address) is the one
+/// before, plus what the shards added.
+#[test]
+fn sets_handed_out_come_back_in_stream_order() {
+    const SHARDS: usize = 5;
+    for seed in 1..60u64 {
+        let mut rng = seed;
+        let mut home: FreeSet<u16> = FreeSet::default();
+        let mut model: BTreeSet<(u16, u64, u64)> = BTreeSet::new();
+        let mut addr = 0u64;
+        let mut add = |set: &mut FreeSet<u16>, model: &mut BTreeSet<_>, s: u16, rng: &mut u64| {
+            addr += 1 << 20;
+            let size = 512 * (1 + lcg(rng) % 8);
+            set.insert(s, size, addr, (addr >> 20) as u32, None);
+            model.insert((s, size, addr));
+        };
+        for s in 0..(1 + lcg(&mut rng) % 40) as u16 {
+            for _ in 0..lcg(&mut rng) % 3 {
+                add(&mut home, &mut model, s * 4, &mut rng);
+            }
+        }
+        let mut shards: Vec<FreeSet<u16>> = (0..SHARDS).map(|_| FreeSet::default()).collect();
+        // stream → shard as a router does it: by a hash, in no stream order
+        let route = |s: u16| (usize::from(s) * 7 + 3) % SHARDS;
+        {
+            let mut to: Vec<Option<&mut FreeSet<u16>>> = shards.iter_mut().map(Some).collect();
+            home.hand_out(&mut to, route);
+        }
+        assert_eq!(home.len(), 0);
+        for (k, sh) in shards.iter_mut().enumerate() {
+            // each shard's sets arrive in stream order
+            assert!(sh.streams().collect::<Vec<_>>().is_sorted());
+            // the shard's own work: blocks taken, streams new to it
+            for _ in 0..lcg(&mut rng) % 4 {
+                let streams: Vec<u16> = sh.streams().collect();
+                if let Some(&s) = streams.get(lcg(&mut rng) as usize % streams.len().max(1))
+                    && let Some(f) = sh.take_first_at_least(s, 0, |_| true)
+                {
+                    assert!(model.remove(&(s, f.size, f.addr)));
+                }
+            }
+            for _ in 0..lcg(&mut rng) % 3 {
+                // a stream of this shard not seen before (odd: none of home's)
+                let s = (lcg(&mut rng) % 200) as u16 * 2 + 1;
+                if route(s) == k {
+                    add(sh, &mut model, s, &mut rng);
+                }
+            }
+        }
+        {
+            let mut from: Vec<Option<&mut FreeSet<u16>>> = shards.iter_mut().map(Some).collect();
+            home.take_back(&mut from);
+        }
+        assert!(home.streams().collect::<Vec<_>>().is_sorted());
+        assert_eq!(home.len(), model.len());
+        let all: Vec<_> = home.iter().map(|e| (e.stream, e.size, e.addr)).collect();
+        assert_eq!(all, model.iter().copied().collect::<Vec<_>>());
+        assert!(
+            shards
+                .iter()
+                .all(|sh| sh.len() == 0 && sh.streams().next().is_none())
+        );
+    }
+}

@@ -4,6 +4,7 @@
 
 use super::{Logging, SHARDS, Shard};
 use crate::engine::block::{BlockId, part_of};
+use crate::engine::free_set::FreeSet;
 use crate::engine::pools::DEFAULT_POOL;
 use crate::engine::stat_log::{replay, seqs_of};
 
@@ -28,18 +29,24 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
     {
         debug_assert_eq!(shards.len(), SHARDS);
         let mut moved = false;
+        for small in [false, true] {
+            let mut from: [Option<&mut FreeSet<B::Stream>>; SHARDS] = std::array::from_fn(|_| None);
+            for (f, sh) in from.iter_mut().zip(shards.iter_mut()) {
+                *f = sh.as_deref_mut().map(|sh| &mut sh.free[small as usize]);
+            }
+            moved |= from.iter().any(Option::is_some);
+            let free = &mut self.pools.pool_mut(DEFAULT_POOL, small).free;
+            // (with no shard held, e.g. while the fast path is off, every
+            // part is here already and the sets are in order)
+            if moved {
+                free.take_back(&mut from);
+            }
+        }
         for (k, sh) in shards.iter_mut().enumerate() {
             let Some(sh) = sh else { continue };
             let sh = &mut **sh;
-            moved = true;
             std::mem::swap(&mut self.blocks.parts[k], &mut sh.slab);
             std::mem::swap(&mut self.live.parts[k], &mut sh.live);
-            for small in [false, true] {
-                self.pools
-                    .pool_mut(DEFAULT_POOL, small)
-                    .free
-                    .take_streams_from(&mut sh.free[small as usize]);
-            }
             self.events.observe_clock(sh.free_clock);
             // (the only shard out: nothing else changed these stats)
             sh.mirror.fold_into(&mut self.stats);
@@ -55,13 +62,6 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
         for sh in shards.iter_mut().flatten() {
             sh.full.clear();
             sh.log.clear();
-        }
-        // (with no shard held, e.g. while the fast path is off, every part
-        // is here already and the sets are in order)
-        if moved {
-            for small in [false, true] {
-                self.pools.pool_mut(DEFAULT_POOL, small).free.sort_streams();
-            }
         }
     }
 
@@ -102,8 +102,10 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
             }
         }
         for small in [false, true] {
+            // (the streams in order: one walk along the router's)
+            let mut at = 0;
             for s in self.pools.pool(DEFAULT_POOL, small).free.streams() {
-                m |= 1 << self.router.shard(s);
+                m |= 1 << self.router.shard_from(s, &mut at);
             }
         }
         m
@@ -143,14 +145,18 @@ impl<B: crate::backend::Backend> crate::engine::state::Inner<B> {
             Logging::Shared
         };
         for small in [false, true] {
-            let free = &mut self.pools.pool_mut(DEFAULT_POOL, small).free;
-            while let Some(s) = free.last_stream() {
-                let k = self.router.shard(s);
-                let sh = shards[k]
-                    .as_mut()
-                    .expect("the caller holds every occupied shard");
-                free.move_last_to(&mut sh.free[small as usize]);
+            let mut to: [Option<&mut FreeSet<B::Stream>>; SHARDS] = std::array::from_fn(|_| None);
+            for (t, sh) in to.iter_mut().zip(shards.iter_mut()) {
+                *t = sh.as_deref_mut().map(|sh| &mut sh.free[small as usize]);
             }
+            // (the caller holds every occupied shard; the streams go in
+            // order: one walk along the router's)
+            let mut at = 0;
+            let router = &mut self.router;
+            self.pools
+                .pool_mut(DEFAULT_POOL, small)
+                .free
+                .hand_out(&mut to, |s| router.shard_from(s, &mut at));
         }
         let gc_calls = [
             self.pools.pool(DEFAULT_POOL, false).gc_calls,

@@ -207,6 +207,30 @@ impl<S: Copy + Ord> Router<S> {
         }
     }
 
+    /// [`Router::shard`] for streams asked in increasing order: `at`
+    /// (0 before the first) walks along the router's streams, so a walk
+    /// over n streams costs O(n + streams known) instead of O(n log n).
+    /// Streams new to the router are assigned as [`Router::shard`] assigns
+    /// them.
+    #[inline]
+    pub fn shard_from(&mut self, s: S, at: &mut usize) -> usize {
+        debug_assert!(*at == 0 || self.map[*at - 1].0 < s, "streams in order");
+        while let Some(e) = self.map.get(*at)
+            && e.0 < s
+        {
+            *at += 1;
+        }
+        match self.map.get(*at) {
+            Some(e) if e.0 == s => e.1 as usize,
+            _ => {
+                let k = self.next;
+                self.next = (self.next + 1) % SHARDS as u32;
+                self.map.insert(*at, (s, k));
+                k as usize
+            }
+        }
+    }
+
     /// The shard of `s` if assigned.
     #[inline]
     pub fn get(&self, s: S) -> Option<usize> {
