@@ -15,6 +15,11 @@ $PYTORCH_CUDA_ALLOC_CONF (read by the library); `--mode` or
 $CACHALOT_TORCH_MODE. A setup problem (no torch 2.11, no compiler, no CUDA
 headers) is one line on stderr naming what to install, and exit status 2;
 so is a configuration cachalot refuses; the script does not start.
+
+The Python processes the script starts (torch.multiprocessing.spawn,
+DataLoader workers, subprocesses of sys.executable) run cachalot too, with
+the same settings, installed when each first imports torch
+(`_children.py`); `--no-children` leaves them on PyTorch's allocator.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from dataclasses import dataclass, field
 
 USAGE = """\
 usage: python -m cachalot_torch run [--config CONF] [--mode shim|pluggable] [--lib PATH]
-                                    [--verbose] (script.py | -m module) [args ...]
+                                    [--no-children] [--verbose] (script.py | -m module) [args ...]
 
 Runs the script (or module) with cachalot installed as PyTorch's CUDA
 allocator before it starts; the script is unchanged and sees the arguments
@@ -38,6 +43,9 @@ options:
                   $CACHALOT_ALLOC_CONF, else $PYTORCH_CUDA_ALLOC_CONF
   --mode MODE     shim (default; $CACHALOT_TORCH_MODE) or pluggable
   --lib PATH      libcachalot_capi.so to use (default: the installed one)
+  --no-children   the Python processes the script starts keep PyTorch's
+                  allocator (by default they run cachalot with these
+                  settings, installed when they import torch)
   --verbose       print what is installed before the script starts
   -m MODULE       run a module (as python -m MODULE)
   --              end of options: the next word is the script
@@ -59,6 +67,7 @@ class Launch:
     mode: str | None = None
     lib: str | None = None
     verbose: bool = False
+    children: bool = True
 
 
 _VALUED = {"--config": "config", "--mode": "mode", "--lib": "lib"}
@@ -79,6 +88,10 @@ def parse(argv: list[str]) -> Launch | None:
             break
         if a == "--verbose" or a == "-v":
             opts["verbose"] = True
+            i += 1
+            continue
+        if a == "--no-children":
+            opts["children"] = False
             i += 1
             continue
         if a == "-m" or (a.startswith("-m") and len(a) > 2 and not a.startswith("--")):
@@ -146,6 +159,10 @@ def main(argv: list[str], install=None) -> int:
         print(f"cachalot_torch run: cachalot could not be installed, the script did not start: {e}",
               file=sys.stderr)
         return 2
+    if launch.children:
+        from . import _children
+
+        os.environ.update(_children.environment(launch.config, launch.mode, launch.lib))
     if launch.is_module:
         # as `python -m module`: sys.path[0] stays the current folder
         sys.argv[:] = [launch.target, *launch.args]  # runpy sets argv[0] to the module's file

@@ -26,6 +26,8 @@ WANT = [
     "cachalot_torch/__main__.py",
     "cachalot_torch/_build.py",
     "cachalot_torch/_capi.py",
+    "cachalot_torch/_children.py",
+    "cachalot_torch/_bootstrap/sitecustomize.py",
     "cachalot_torch/_launch.py",
     "cachalot_torch/_requirements.py",
     "cachalot_torch/shim.cpp",

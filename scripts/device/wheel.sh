@@ -25,7 +25,9 @@
 #    bit with a plain run; python/examples/train_tiny.py; a script's exit
 #    status; and train_tiny.py under torchrun (python -m
 #    torch.distributed.run, as the venv has no torchrun of its own) with
-#    DDP over NCCL;
+#    DDP over NCCL; python/examples/spawn_workers.py, whose workers are
+#    torch.multiprocessing.spawn children: on cachalot under the launcher,
+#    on PyTorch's allocator with --no-children, same results;
 # 6. prints the table last; exit 0 when every row is ok.
 #
 # Logs under $OUT (a temp folder when unset). SUITE_ARGS: more pytest
@@ -107,7 +109,8 @@ VPY=$VENV/bin/python
 # ---- 2. away from the repository
 WORK=$(mktemp -d /tmp/cachalot-wheel-work.XXXXXX)
 cp -r "$ROOT/python/tests" "$WORK/tests"
-cp "$ROOT/python/train_compare.py" "$ROOT/python/examples/train_tiny.py" "$WORK/"
+cp "$ROOT/python/train_compare.py" "$ROOT/python/examples/train_tiny.py" \
+  "$ROOT/python/examples/spawn_workers.py" "$WORK/"
 printf 'import sys, torch\nx = torch.ones(1, device="cuda")\nsys.exit(3)\n' >"$WORK/exit3.py"
 cd "$WORK" || exit 2
 unset PYTHONPATH CACHALOT_CAPI_LIB CACHALOT_INCLUDE CACHALOT_ALLOC_CONF CACHALOT_TORCH_MODE
@@ -248,6 +251,24 @@ if detail=$(compare ddp "$OUT/ddp-native.log" "$OUT/ddp-launcher.log" 0) && [ $r
 else
   row "torchrun -m cachalot_torch run (DDP, NCCL)" FAIL "exit $rc; $detail"
   tail -15 "$OUT/ddp-launcher.log"
+fi
+
+spawned() { # log: the workers' backends, or nothing
+  grep '^RESULT ' "$1" | tail -1 | cut -d' ' -f2- |
+    "$VPY" -c 'import json, sys; r = json.load(sys.stdin); print(",".join(w["backend"] for w in r["workers"]), *sorted({w["sum"] for w in r["workers"]}))' 2>/dev/null
+}
+timeout 300 "$VPY" spawn_workers.py >"$OUT/spawn-native.log" 2>&1
+timeout 300 "$VPY" -m cachalot_torch run spawn_workers.py >"$OUT/spawn-launcher.log" 2>&1
+rc=$?
+timeout 300 "$VPY" -m cachalot_torch run --no-children spawn_workers.py >"$OUT/spawn-no-children.log" 2>&1
+rc2=$?
+n=$(spawned "$OUT/spawn-native.log"); c=$(spawned "$OUT/spawn-launcher.log"); nc=$(spawned "$OUT/spawn-no-children.log")
+if [ $rc -eq 0 ] && [ $rc2 -eq 0 ] && [ "${c%% *}" = "cachalot,cachalot" ] && [ "${nc%% *}" = "native,native" ] &&
+  [ "${n#* }" = "${c#* }" ] && [ -n "$n" ]; then
+  row "run spawn_workers.py (mp.spawn children)" ok "workers $c; --no-children $nc"
+else
+  row "run spawn_workers.py (mp.spawn children)" FAIL "exit $rc/$rc2; native [$n] launcher [$c] --no-children [$nc]"
+  tail -15 "$OUT/spawn-launcher.log"
 fi
 
 cd "$ROOT" || true
