@@ -22,7 +22,8 @@ process started with `-E` or `-I` (which ignore the environment) runs
 PyTorch's allocator, as it would ignore `PYTORCH_CUDA_ALLOC_CONF`. A child
 where cachalot cannot be installed fails at its `import torch` with the
 reason, as the launcher refuses to start the script: never silently on
-another allocator. `python -m cachalot_torch run --no-children` leaves the
+another allocator; a child that cannot use a GPU at all (no visible
+device, a CPU build of torch) runs on, as it would have natively. `python -m cachalot_torch run --no-children` leaves the
 environment alone.
 """
 
@@ -69,12 +70,26 @@ def settings(environ: dict | None = None) -> dict | None:
     return {k: s.get(k) for k in ("config", "mode", "lib")}
 
 
+def _cuda_usable() -> bool:
+    import torch
+
+    try:
+        return bool(torch.cuda.is_available())
+    except Exception:  # a torch without CUDA, a broken driver: no CUDA here
+        return False
+
+
 def _install_now(s: dict) -> None:
     import cachalot_torch
 
     try:
         cachalot_torch.install(config=s["config"], mode=s["mode"], lib_path=s["lib"])
     except (cachalot_torch.SetupError, RuntimeError, ValueError) as e:
+        if not _cuda_usable():
+            # a process with no GPU to use (CUDA_VISIBLE_DEVICES="", a CPU
+            # build of torch): it allocates nothing on a GPU, natively
+            # either, and runs on as it would have
+            return
         from ._requirements import one_line
 
         detail = one_line(e) if isinstance(e, cachalot_torch.SetupError) else str(e)

@@ -28,10 +28,11 @@ def run_python(args, cwd=None, env_extra=None, path_first=(), timeout=120):
 
 
 def fake_torch(root: Path, version: str = "2.11.0+cu130", cuda: str | None = "13.0",
-               hip: str | None = None, importable: bool = True) -> Path:
+               hip: str | None = None, importable: bool = True, devices: int = 1) -> Path:
     """Writes a package `torch` under `root` (put `root` first on the
-    path) that reports `version`, `cuda` and `hip` like torch does, or
-    fails to import when not `importable`; returns `root`."""
+    path) that reports `version`, `cuda` and `hip` like torch does and
+    `devices` visible devices (`torch.cuda.is_available()`), or fails to
+    import when not `importable`; returns `root`."""
     pkg = root / "torch"
     pkg.mkdir(parents=True, exist_ok=True)
     if not importable:
@@ -47,6 +48,10 @@ def fake_torch(root: Path, version: str = "2.11.0+cu130", cuda: str | None = "13
             @staticmethod
             def is_initialized():
                 return False
+
+            @staticmethod
+            def is_available():
+                return {devices} > 0
 
         cuda = _Cuda()
         """))

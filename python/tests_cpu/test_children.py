@@ -70,6 +70,13 @@ class ChildTest(unittest.TestCase):
         self.assertIn("could not be installed", r.stderr)
         self.assertIn(str(missing), r.stderr)         # the launch's library, handed down
 
+    def test_a_child_with_no_gpu_runs_on(self):
+        # (CUDA_VISIBLE_DEVICES="": the install fails, and nothing needs it)
+        fake_torch(self.root / "site", devices=0)
+        r = self.child(_children.environment(None, None, str(self.root / "nowhere.so"), {}))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(json.loads(r.stdout.splitlines()[-1])["torch"], "2.11.0+cu130")
+
     def test_without_the_variable_nothing_happens(self):
         r = self.child({"PYTHONPATH": str(_children.BOOTSTRAP)})
         self.assertEqual(r.returncode, 0, r.stderr)
