@@ -27,11 +27,11 @@ def _install(allocator, conf):
             torch.cuda.memory._set_allocator_settings(conf)
 
 
-def producer(allocator, conf, tensors, to_producer, to_consumer, out):
+def producer(allocator, conf, tensors, to_producer, to_consumer, out, n=N):
     try:
         _install(allocator, conf)
-        t = torch.arange(N, dtype=torch.float32, device="cuda")
-        view = t[N // 2:]
+        t = torch.arange(n, dtype=torch.float32, device="cuda")
+        view = t[n // 2:]
         torch.cuda.synchronize()
         ptr, nbytes = t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
         seg = [s for s in torch.cuda.memory_snapshot()
@@ -43,12 +43,12 @@ def producer(allocator, conf, tensors, to_producer, to_consumer, out):
         assert to_producer.get(timeout=TIMEOUT) == "written"
         torch.cuda.synchronize()
         # the consumer's writes are visible here
-        torch.testing.assert_close(t, torch.arange(N, dtype=torch.float32, device="cuda") * 2 + 1)
+        torch.testing.assert_close(t, torch.arange(n, dtype=torch.float32, device="cuda") * 2 + 1)
         held = torch.cuda.memory_allocated()
         del t, view
         torch.cuda.synchronize()
         # the consumer still holds it: allocate again, nothing may alias it
-        fresh = [torch.empty(N, dtype=torch.float32, device="cuda") for _ in range(8)]
+        fresh = [torch.empty(n, dtype=torch.float32, device="cuda") for _ in range(8)]
         for f in fresh:
             a = f.untyped_storage().data_ptr()
             assert a + f.untyped_storage().nbytes() <= ptr or a >= ptr + nbytes, \
@@ -56,7 +56,7 @@ def producer(allocator, conf, tensors, to_producer, to_consumer, out):
         for f in fresh:
             f.fill_(-7.0)  # would overwrite the consumer's data if it aliased
         torch.cuda.synchronize()
-        still = torch.cuda.memory_allocated() - 8 * N * 4
+        still = torch.cuda.memory_allocated() - 8 * n * 4
         assert still >= held, f"the shared block was freed while the consumer holds it ({still} < {held})"
         del fresh, f  # (the loop variable holds the last one)
         to_consumer.put("check-again")
@@ -79,7 +79,7 @@ def producer(allocator, conf, tensors, to_producer, to_consumer, out):
         to_consumer.put("abort")
 
 
-def consumer(allocator, tensors, to_producer, to_consumer, out):
+def consumer(allocator, tensors, to_producer, to_consumer, out, n=N):
     try:
         _install(allocator, "")
         item = tensors.get(timeout=TIMEOUT)
@@ -90,9 +90,9 @@ def consumer(allocator, tensors, to_producer, to_consumer, out):
         del item  # only t and view hold the received tensors
         assert t.is_cuda and view.is_cuda
         assert view.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
-        want = torch.arange(N, dtype=torch.float32, device="cuda")
+        want = torch.arange(n, dtype=torch.float32, device="cuda")
         torch.testing.assert_close(t, want)
-        torch.testing.assert_close(view, want[N // 2:])
+        torch.testing.assert_close(view, want[n // 2:])
         t.mul_(2).add_(1)
         torch.cuda.synchronize()
         to_producer.put("written")

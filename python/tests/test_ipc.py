@@ -25,7 +25,7 @@ import _setup
 TIMEOUT = _ipc_child.TIMEOUT
 
 
-def _run_pair(producer, producer_conf, consumer):
+def _run_pair(producer, producer_conf, consumer, n=_ipc_child.N):
     mp = torch.multiprocessing.get_context("spawn")
     tensors, to_producer, to_consumer, out = mp.Queue(), mp.Queue(), mp.Queue(), mp.Queue()
     env_before = {k: os.environ.get(k) for k in ("CACHALOT_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")}
@@ -33,8 +33,8 @@ def _run_pair(producer, producer_conf, consumer):
     for k in env_before:
         os.environ.pop(k, None)
     try:
-        p = mp.Process(target=_ipc_child.producer, args=(producer, producer_conf, tensors, to_producer, to_consumer, out))
-        c = mp.Process(target=_ipc_child.consumer, args=(consumer, tensors, to_producer, to_consumer, out))
+        p = mp.Process(target=_ipc_child.producer, args=(producer, producer_conf, tensors, to_producer, to_consumer, out, n))
+        c = mp.Process(target=_ipc_child.consumer, args=(consumer, tensors, to_producer, to_consumer, out, n))
         p.start()
         c.start()
         results = {}
@@ -72,3 +72,28 @@ def test_tensor_crosses_processes(consumer, segments):
     assert results.get("producer") == "ok" and results.get("consumer") == "ok", \
         f"{producer} ({conf}) -> {consumer}: {results}"
     _setup.record_result(f"ipc_{segments}_to_{consumer}", "ok")
+
+
+@pytest.mark.parametrize("consumer", ["native", "cachalot"])
+def test_a_tensor_over_page_runs_of_two_sizes(consumer):
+    """A fresh 6 MiB tensor in expandable segments: in cachalot's mode a run
+    of two 2 MiB pages and a run of one, which PyTorch's handle format (one
+    page size) cannot describe. cachalot sends it in its own format: a
+    consumer on cachalot opens it as any other; one on native PyTorch
+    refuses it with PyTorch's error. PyTorch's expandable mode (and
+    cachalot's placement:pytorch) has pages of one size: every pairing
+    works."""
+    producer = "cachalot" if _setup.is_cachalot() else "native"
+    conf = SEGMENTS["expandable"]
+    run_conf = os.environ.get("CACHALOT_ALLOC_CONF", "") if producer == "cachalot" else ""
+    if run_conf:
+        conf = f"{run_conf},{conf}"
+    runs = producer == "cachalot" and "placement:pytorch" not in conf
+    results = _run_pair(producer, conf, consumer, n=3 << 19)
+    if runs and consumer == "native":
+        assert results.get("producer") != "ok", results
+        assert "shareable handle type" in str(results.get("consumer")), results
+    else:
+        assert results.get("producer") == "ok" and results.get("consumer") == "ok", \
+            f"{producer} ({conf}) -> {consumer}: {results}"
+    _setup.record_result(f"ipc_runs_to_{consumer}", "ok")

@@ -140,8 +140,8 @@ fn expandable_pages_are_shared_one_handle_per_page() {
 }
 
 /// cachalot's expandable mode maps runs of pages: a block within one run
-/// is shared as that run; one over runs of different sizes cannot be
-/// described as pages of one size.
+/// is shared as that run, one over runs of one size as pages of that size
+/// (PyTorch's format), one over runs of different sizes as those runs.
 #[test]
 fn cachalot_page_runs() {
     let [(m, a), (other, _b)] = processes("expandable_segments:True");
@@ -153,23 +153,36 @@ fn cachalot_page_runs() {
     assert!(page * handles.len() as u64 >= 4 * MIB);
     let at = other.ipc().unwrap().open_pages(7, page, &handles).unwrap();
     other.ipc().unwrap().close_pages(at).unwrap();
-    // a block over runs of 2 and 1 pages (6 MiB mapped at once): the wire
-    // format has one page size, so this one cannot be described
+    // a block over runs of 2 and 1 pages (6 MiB mapped at once): shared
+    // as runs of their own sizes, which the other side maps in order
     let y = a.allocate(6 * MIB, s).unwrap();
-    match a.share(y) {
-        Err(Error::InvalidArgument(msg)) => {
-            assert!(msg.contains("2 and 1 pages"), "{msg}");
-            assert!(msg.contains("placement:pytorch"), "{msg}");
-        }
-        other => panic!("{other:?}"),
-    }
+    let SharedMemory::Runs { runs, offset } = a.share(y).unwrap() else {
+        panic!("a block over runs of two sizes is shared as runs");
+    };
+    assert_eq!(offset, 0);
+    assert_eq!(
+        runs.iter().map(|r| r.1).collect::<Vec<_>>(),
+        [4 * MIB, 2 * MIB]
+    );
+    let ipc = other.ipc().unwrap();
+    let at = ipc.open_runs(7, &runs).unwrap();
+    let swapped = [(runs[0].0, runs[1].1), (runs[1].0, runs[0].1)];
+    assert!(
+        ipc.open_runs(7, &swapped).is_err(),
+        "runs of the wrong sizes"
+    );
+    assert!(ipc.open_runs(7, &[]).is_err());
+    // the producer frees and releases while the other side maps them
+    a.free(y).unwrap();
+    a.empty_cache().unwrap();
+    check(&a);
+    ipc.close_pages(at).unwrap();
     // 8 MiB: two runs of two pages, shared
     let z = a.allocate(8 * MIB, s).unwrap();
     let (page, handles, _) = pages(&a, z);
     assert_eq!((page, handles.len()), (4 * MIB, 2));
     a.free(z).unwrap();
     a.free(x).unwrap();
-    a.free(y).unwrap();
     a.empty_cache().unwrap();
     check(&a);
 }

@@ -28,15 +28,15 @@ pub(crate) struct IpcState {
     symbols: bool,
     /// New physical memory is created exportable.
     exportable: AtomicBool,
-    /// Mappings of other processes' pages made by `open_pages`, by address.
+    /// Mappings of other processes' pages made by `open_runs`, by address.
     opened: Mutex<HashMap<u64, Opened>>,
 }
 
-/// One `open_pages` mapping: its pages and their imported handles.
+/// One `open_runs` mapping: its imported handles and their bytes, mapped
+/// one after the other.
 #[derive(Debug)]
 struct Opened {
-    page: u64,
-    handles: Vec<sys::CUmemGenericAllocationHandle>,
+    runs: Vec<(sys::CUmemGenericAllocationHandle, u64)>,
 }
 
 impl IpcState {
@@ -104,21 +104,23 @@ impl CudaBackend {
         Ok(physical.fd.get().copied())
     }
 
-    /// Undoes a partial `open_pages`: unmaps `mapped` pages, releases the
-    /// handles, frees the range.
-    fn unwind_pages(
+    /// Undoes a partial `open_runs`: unmaps the first `mapped` of the
+    /// imported runs (laid out from `addr`), releases every imported
+    /// handle, frees the `total` bytes of address space.
+    fn unwind_runs(
         &self,
         addr: u64,
         total: u64,
-        page: u64,
         mapped: usize,
-        handles: &[sys::CUmemGenericAllocationHandle],
+        runs: &[(sys::CUmemGenericAllocationHandle, u64)],
     ) {
         let _b = self.ctx.bind("cuMemUnmap");
-        for i in 0..mapped {
-            let _ = driver::mem_unmap(addr + i as u64 * page, page as usize);
+        let mut at = addr;
+        for &(_, bytes) in &runs[..mapped] {
+            let _ = driver::mem_unmap(at, bytes as usize);
+            at += bytes;
         }
-        for &h in handles {
+        for &(h, _) in runs {
             let _ = driver::mem_release(h);
         }
         let _ = driver::mem_address_free(addr, total as usize);
@@ -141,28 +143,27 @@ impl IpcMemory for CudaBackend {
         driver::ipc_close_mem_handle(addr).map_err(to_backend("cuIpcCloseMemHandle"))
     }
 
-    fn open_pages(&self, pid: i32, page: u64, handles: &[i32]) -> Result<u64, BackendError> {
+    fn open_runs(&self, pid: i32, runs: &[(i32, u64)]) -> Result<u64, BackendError> {
         let gran = self
             .ctx
             .vmm_granularity
             .ok_or_else(|| unsupported_vmm("cuMemImportFromShareableHandle"))?;
-        if handles.is_empty() || page == 0 || !page.is_multiple_of(gran) {
+        if runs.is_empty() || runs.iter().any(|r| r.1 == 0 || !r.1.is_multiple_of(gran)) {
             return Err(ipc_error(
-                "open_pages",
+                "open_runs",
                 format!(
-                    "{} handle(s) of {page} bytes: not a whole number of {gran}-byte pages",
-                    handles.len()
+                    "{} handle(s) of {:?} bytes: not whole numbers of {gran}-byte pages",
+                    runs.len(),
+                    runs.iter().map(|r| r.1).collect::<Vec<_>>()
                 ),
             ));
         }
-        let total = page
-            .checked_mul(handles.len() as u64)
+        let total = runs
+            .iter()
+            .try_fold(0u64, |t, r| t.checked_add(r.1))
             .filter(|&t| usize::try_from(t).is_ok())
             .ok_or_else(|| {
-                ipc_error(
-                    "open_pages",
-                    format!("{} pages of {page} bytes", handles.len()),
-                )
+                ipc_error("open_runs", format!("{} runs: too many bytes", runs.len()))
             })?;
         let addr = VirtualMemory::reserve(self, total).map_err(|e| match e {
             DeviceAllocError::OutOfMemory => ipc_error(
@@ -171,12 +172,12 @@ impl IpcMemory for CudaBackend {
             ),
             DeviceAllocError::Backend(b) => b,
         })?;
-        let mut imported = Vec::with_capacity(handles.len());
-        for &fd in handles {
+        let mut imported = Vec::with_capacity(runs.len());
+        for &(fd, bytes) in runs {
             let mine = match driver::fd_of_process(pid, fd as c_int) {
                 Ok(f) => f,
                 Err(e) => {
-                    self.unwind_pages(addr, total, page, 0, &imported);
+                    self.unwind_runs(addr, total, 0, &imported);
                     let hint = if e.raw_os_error() == Some(libc::ENOSYS) {
                         "the kernel on this machine does not support the pidfd_open syscall needed \
                          to share expandable segments between processes (Linux 5.6+)"
@@ -195,25 +196,27 @@ impl IpcMemory for CudaBackend {
             };
             drop(mine);
             match h {
-                Ok(h) => imported.push(h),
+                Ok(h) => imported.push((h, bytes)),
                 Err(e) => {
-                    self.unwind_pages(addr, total, page, 0, &imported);
+                    self.unwind_runs(addr, total, 0, &imported);
                     return Err(to_backend("cuMemImportFromShareableHandle")(e));
                 }
             }
         }
-        for (i, &h) in imported.iter().enumerate() {
+        let mut at = addr;
+        for (i, &(h, bytes)) in imported.iter().enumerate() {
             let r = {
                 let _b = self.ctx.bind("cuMemMap")?;
-                driver::mem_map(addr + i as u64 * page, page as usize, h)
+                driver::mem_map(at, bytes as usize, h)
             };
             if let Err(e) = r {
-                self.unwind_pages(addr, total, page, i, &imported);
+                self.unwind_runs(addr, total, i, &imported);
                 return Err(to_backend("cuMemMap")(e));
             }
+            at += bytes;
         }
         if let Err(e) = VirtualMemory::set_access(self, addr, total, self.ctx.index) {
-            self.unwind_pages(addr, total, page, imported.len(), &imported);
+            self.unwind_runs(addr, total, imported.len(), &imported);
             return Err(e);
         }
         self.ctx
@@ -221,13 +224,7 @@ impl IpcMemory for CudaBackend {
             .opened
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(
-                addr,
-                Opened {
-                    page,
-                    handles: imported,
-                },
-            );
+            .insert(addr, Opened { runs: imported });
         Ok(addr)
     }
 
@@ -245,14 +242,8 @@ impl IpcMemory for CudaBackend {
             let _b = self.ctx.bind("cuCtxSynchronize")?;
             driver::ctx_synchronize().map_err(to_backend("cuCtxSynchronize"))?;
         }
-        let total = opened.page * opened.handles.len() as u64;
-        self.unwind_pages(
-            addr,
-            total,
-            opened.page,
-            opened.handles.len(),
-            &opened.handles,
-        );
+        let total = opened.runs.iter().map(|r| r.1).sum();
+        self.unwind_runs(addr, total, opened.runs.len(), &opened.runs);
         Ok(())
     }
 }

@@ -216,3 +216,73 @@ fn probe_unmap_spanning_two_mappings() {
     b.release_physical(q).expect("release q");
     b.unreserve(a, 2 * g).expect("unreserve");
 }
+
+/// A block of cachalot's expandable mode over physical runs of two sizes
+/// (three pages mapped at once: a run of two and a run of one) is shared
+/// as those runs (`SharedMemory::Runs`, which PyTorch's one-page-size
+/// format cannot carry) and opened again here (`open_runs`, taking this
+/// process's own descriptors, as another process on cachalot takes the
+/// sender's): both mappings are the same memory, either way.
+#[test]
+fn runs_of_two_sizes_open_as_one_range() {
+    use cachalot_core::engine::SharedMemory;
+    use cachalot_core::{AllocatorConfig, CachingAllocator};
+
+    let _serial = serial();
+    let test = "runs_of_two_sizes_open_as_one_range";
+    let Some((b, g)) = vmm_or_skip(test) else {
+        return;
+    };
+    if b.ipc().is_none() {
+        common::skip(format_args!("{test}: the driver cannot share memory"));
+        return;
+    }
+    let s = CudaStream::LEGACY;
+    let a = CachingAllocator::with_config(
+        b,
+        AllocatorConfig::parse("expandable_segments:True").expect("config"),
+    )
+    .expect("allocator");
+    let p = a.allocate(3 * g, s).expect("allocate");
+    let runs = match a.share(p) {
+        Ok(SharedMemory::Runs { runs, offset }) => {
+            assert_eq!(offset, 0);
+            runs
+        }
+        Ok(other) => panic!("three fresh pages: runs of two sizes, got {other:?}"),
+        Err(e) if e.to_string().contains("cannot share these pages") => {
+            common::skip(format_args!(
+                "{test}: the device's memory is not exportable ({e})"
+            ));
+            a.free(p).expect("free");
+            return;
+        }
+        Err(e) => panic!("share: {e}"),
+    };
+    assert_eq!(runs.iter().map(|r| r.1).sum::<u64>(), 3 * g);
+    assert!(runs.iter().any(|r| r.1 != runs[0].1), "{runs:?}");
+    let b = a.backend();
+    let ipc = b.ipc().expect("ipc");
+    let q = ipc
+        .open_runs(std::process::id() as i32, &runs)
+        .expect("open_runs");
+    assert_ne!(q, p);
+    let n = (3 * g) as usize;
+    b.memset_d8_async(p, 0x5a, 3 * g, s).expect("memset");
+    b.synchronize_device().expect("synchronize");
+    assert!(
+        read_back(b, q, n).iter().all(|&x| x == 0x5a),
+        "the other view"
+    );
+    // the last byte of the first run and the first of the second, through
+    // the opened view
+    b.memset_d8_async(q + runs[0].1 - 1, 0x33, 2, s)
+        .expect("memset");
+    b.synchronize_device().expect("synchronize");
+    let back = read_back(b, p, n);
+    let at = runs[0].1 as usize;
+    assert_eq!(&back[at - 2..at + 2], &[0x5a, 0x33, 0x33, 0x5a]);
+    ipc.close_pages(q).expect("close");
+    a.free(p).expect("free");
+    a.empty_cache().expect("empty_cache");
+}

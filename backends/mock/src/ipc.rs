@@ -2,7 +2,7 @@
 //! device of this process plays a process of its own. A segment's handle
 //! (`segment_handle`) and a physical allocation's exported handle
 //! (`export_physical`) are tokens in a registry shared by every mock
-//! device; another mock device opens them (`open_segment`, `open_pages`)
+//! device; another mock device opens them (`open_segment`, `open_runs`)
 //! at addresses of its own foreign window, counted per token. Misuse is a
 //! typed error: an unknown or forged handle, a handle opened twice by the
 //! same device (CUDA opens a handle once per process), pages of the wrong
@@ -212,22 +212,18 @@ impl IpcMemory for MockBackend {
         close(self.instance(), "close_segment", addr, true)
     }
 
-    fn open_pages(&self, pid: i32, page: u64, handles: &[i32]) -> Result<u64, BackendError> {
-        const CALL: &str = "open_pages";
-        if pid <= 0 || handles.is_empty() || page == 0 {
-            return Err(err(
-                CALL,
-                codes::INVALID_VALUE,
-                "no pid, page size or handle",
-            ));
+    fn open_runs(&self, pid: i32, runs: &[(i32, u64)]) -> Result<u64, BackendError> {
+        const CALL: &str = "open_runs";
+        if pid <= 0 || runs.is_empty() || runs.iter().any(|r| r.1 == 0) {
+            return Err(err(CALL, codes::INVALID_VALUE, "no pid, handle or size"));
         }
         let me = self.instance();
         registry(|r| {
-            let mut ts = Vec::with_capacity(handles.len());
-            for &h in handles {
+            let mut ts = Vec::with_capacity(runs.len());
+            for &(h, bytes) in runs {
                 let t = u64::try_from(h).unwrap_or(0);
                 match r.exports.get(&t) {
-                    Some(e) if e.instance != me && e.what == What::Physical(phys_id(e), page) => {
+                    Some(e) if e.instance != me && e.what == What::Physical(phys_id(e), bytes) => {
                         ts.push(t)
                     }
                     Some(e) if e.instance != me => {
@@ -235,7 +231,7 @@ impl IpcMemory for MockBackend {
                             CALL,
                             codes::INVALID_VALUE,
                             format!(
-                                "handle {h} is not a physical allocation of {page} bytes ({:?})",
+                                "handle {h} is not a physical allocation of {bytes} bytes ({:?})",
                                 e.what
                             ),
                         ));

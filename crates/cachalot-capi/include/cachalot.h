@@ -323,7 +323,9 @@ void cachalot_checkpoint_delta_free(cachalot_checkpoint_delta_t *d);
 /* ----- CUDA IPC (torch.multiprocessing; PyTorch 2.11's wire format) ----- */
 
 /* Writes the shareable handle of the live allocation at ptr (on device_hint
- * first, then on every device in use) to buf and its length to *len, the
+ * first, then on every device in use; PyTorch's format, or cachalot's 'r'
+ * for pages in physical runs of different sizes, which PyTorch's format
+ * cannot describe) to buf and its length to *len, the
  * allocation's offset in what it maps to *offset. buf too short:
  * CACHALOT_ERR_INVALID_ARGUMENT with the length needed in *len. Unknown
  * pointer: CACHALOT_ERR_INVALID_POINTER ("invalid device pointer"). */

@@ -12,6 +12,14 @@
 //!   bytes; uint64 page_size; uint64 num_handles }` then one `int32` file
 //!   descriptor (of process `pid`) per page; the offset is the
 //!   allocation's offset in the first page;
+//! * byte 1 `'r'` (cachalot's; PyTorch refuses it): expandable-segment
+//!   pages in physical allocations of different sizes (cachalot's page
+//!   runs, which PyTorch's `'e'` cannot describe): a header `{ int32 pid;
+//!   4 zero bytes; uint64 num_runs }`, then per run `{ int32 fd; 4 zero
+//!   bytes; uint64 bytes }`; the offset is the allocation's offset in the
+//!   first run. Sent only for such an allocation: a process on cachalot
+//!   opens it, a process on native PyTorch refuses it ("unexpected or
+//!   illformed shareable handle type");
 //! * a bare 64-byte string (no version byte) is a legacy `'c'` handle.
 //!
 //! The receiving side opens each handle once per process (CUDA allows no
@@ -36,6 +44,12 @@ pub const IPC_VERSION: u8 = 2;
 pub const MAX_IPC_PAGES: u64 = 1 << 20;
 /// Bytes of the `'e'` header after the two leading bytes.
 const HEADER: usize = 24;
+/// Bytes of the `'r'` header after the two leading bytes.
+const RUNS_HEADER: usize = 16;
+/// Bytes of one run of an `'r'` handle.
+const RUN: usize = 16;
+/// The longest handle [`decode`] reads.
+const MAX_HANDLE: usize = 2 + RUNS_HEADER + RUN * MAX_IPC_PAGES as usize;
 
 /// What is open in this process, by (device, handle bytes): the address
 /// and the number of users.
@@ -102,6 +116,18 @@ pub fn encode(s: &SharedMemory, pid: i32) -> (Vec<u8>, u64) {
             }
             (v, *offset)
         }
+        SharedMemory::Runs { runs, offset } => {
+            let mut v = vec![IPC_VERSION, b'r'];
+            v.extend_from_slice(&pid.to_ne_bytes());
+            v.extend_from_slice(&[0; 4]);
+            v.extend_from_slice(&(runs.len() as u64).to_ne_bytes());
+            for &(fd, bytes) in runs {
+                v.extend_from_slice(&fd.to_ne_bytes());
+                v.extend_from_slice(&[0; 4]);
+                v.extend_from_slice(&bytes.to_ne_bytes());
+            }
+            (v, *offset)
+        }
     }
 }
 
@@ -118,6 +144,13 @@ pub enum Decoded {
         page: u64,
         /// Its file descriptors, one per page.
         fds: Vec<i32>,
+    },
+    /// Physical allocations of process `pid` of different sizes.
+    Runs {
+        /// The exporting process.
+        pid: i32,
+        /// Each one's file descriptor and bytes, in address order.
+        runs: Vec<(i32, u64)>,
     },
 }
 
@@ -161,6 +194,36 @@ pub fn decode(b: &[u8]) -> Result<Decoded, String> {
                 .map(|c| i32::from_ne_bytes(c.try_into().expect("4 bytes")))
                 .collect();
             Ok(Decoded::Pages { pid, page, fds })
+        }
+        b'r' if b.len() >= 2 + RUNS_HEADER => {
+            let h = &b[2..2 + RUNS_HEADER];
+            let pid = i32::from_ne_bytes(h[0..4].try_into().expect("4 bytes"));
+            let n = u64::from_ne_bytes(h[8..16].try_into().expect("8 bytes"));
+            let rest = &b[2 + RUNS_HEADER..];
+            if n == 0 || n > MAX_IPC_PAGES || rest.len() as u64 != n * RUN as u64 {
+                return Err(format!(
+                    "ill-formed page-runs handle: {n} run(s) in {} bytes",
+                    rest.len()
+                ));
+            }
+            let runs: Vec<(i32, u64)> = rest
+                .chunks_exact(RUN)
+                .map(|c| {
+                    (
+                        i32::from_ne_bytes(c[0..4].try_into().expect("4 bytes")),
+                        u64::from_ne_bytes(c[8..16].try_into().expect("8 bytes")),
+                    )
+                })
+                .collect();
+            if runs.iter().any(|r| r.1 == 0)
+                || runs
+                    .iter()
+                    .try_fold(0u64, |t, r| t.checked_add(r.1))
+                    .is_none()
+            {
+                return Err("ill-formed page-runs handle: a run of 0 bytes, or too many".into());
+            }
+            Ok(Decoded::Runs { pid, runs })
         }
         t => Err(format!(
             "unexpected or ill-formed shareable handle (type {t:#04x}, {} bytes)",
@@ -251,7 +314,7 @@ pub unsafe extern "C" fn cachalot_ipc_open(
         if out.is_null() || handle.is_null() {
             return Err(Failure::invalid("handle or out is NULL"));
         }
-        if handle_len > 2 + HEADER + 4 * MAX_IPC_PAGES as usize {
+        if handle_len > MAX_HANDLE {
             return Err(Failure::invalid(format!(
                 "a shareable handle of {handle_len} bytes"
             )));
@@ -272,6 +335,9 @@ pub unsafe extern "C" fn cachalot_ipc_open(
                 Decoded::Segment(h) => (ipc.open_segment(h).map_err(Error::from)?, false),
                 Decoded::Pages { pid, page, fds } => {
                     (ipc.open_pages(*pid, *page, fds).map_err(Error::from)?, true)
+                }
+                Decoded::Runs { pid, runs } => {
+                    (ipc.open_runs(*pid, runs).map_err(Error::from)?, true)
                 }
             };
             table.insert(

@@ -94,6 +94,34 @@ fn share_open_close_on_two_processes() {
     assert_eq!(cachalot_ipc_close(1, at), CACHALOT_OK);
     assert_eq!(cachalot_raw_delete(c, 0), CACHALOT_OK);
 
+    // cachalot's page runs: a fresh 6 MiB block is a run of two 2 MiB
+    // pages and a run of one, which 'e' cannot describe: 'r'
+    // SAFETY: a NUL-terminated literal.
+    let rc = unsafe { cachalot_set_config(c"expandable_segments:True,placement:steady".as_ptr()) };
+    assert_eq!(rc, CACHALOT_OK);
+    assert_eq!(cachalot_empty_cache(0), CACHALOT_OK);
+    let r = alloc(6 << 20, null_mut());
+    let (h, off) = share(r).unwrap();
+    assert_eq!((h[0], h[1], off), (2, b'r', 0));
+    let Ok(Decoded::Runs { pid, runs }) = decode(&h) else {
+        panic!("{:?}", decode(&h))
+    };
+    assert_eq!(pid as u32, std::process::id());
+    assert_eq!(
+        runs.iter().map(|r| r.1).collect::<Vec<_>>(),
+        [4 << 20, 2 << 20]
+    );
+    assert_eq!(h.len(), 2 + 16 + 16 * 2);
+    let at = open(1, &h).unwrap();
+    assert_eq!(open(1, &h).unwrap(), at, "opened once, counted twice");
+    assert_eq!(cachalot_ipc_close(1, at), CACHALOT_OK);
+    assert_eq!(cachalot_ipc_close(1, at), CACHALOT_OK);
+    // a run announced with the wrong size: the device refuses it
+    let mut wrong = h.clone();
+    wrong[2 + 16 + 8..2 + 16 + 16].copy_from_slice(&(2u64 << 20).to_ne_bytes());
+    assert_eq!(open(1, &wrong), Err(CACHALOT_ERR_BACKEND));
+    assert_eq!(cachalot_raw_delete(r, 0), CACHALOT_OK);
+
     // errors
     assert!(matches!(
         share(0x1234 as *mut c_void),
@@ -126,6 +154,37 @@ fn share_open_close_on_two_processes() {
     e.extend_from_slice(&5i32.to_ne_bytes()); // one given
     assert!(decode(&e).unwrap_err().contains("ill-formed"));
     assert_eq!(open(1, &e), Err(CACHALOT_ERR_INVALID_ARGUMENT));
+    // 'r': a count that does not match, a run of 0 bytes, runs whose
+    // sizes overflow
+    let runs = |n: u64, sizes: &[u64]| {
+        // (descriptor 12345: none this test exported)
+        let mut r = vec![2, b'r'];
+        r.extend_from_slice(&1i32.to_ne_bytes());
+        r.extend_from_slice(&[0; 4]);
+        r.extend_from_slice(&n.to_ne_bytes());
+        for &b in sizes {
+            r.extend_from_slice(&12345i32.to_ne_bytes());
+            r.extend_from_slice(&[0; 4]);
+            r.extend_from_slice(&b.to_ne_bytes());
+        }
+        r
+    };
+    for bad in [
+        runs(3, &[2 << 20, 4 << 20]),
+        runs(0, &[]),
+        runs(2, &[2 << 20, 0]),
+        runs(2, &[u64::MAX, 2 << 20]),
+        runs(u64::MAX, &[2 << 20]),
+    ] {
+        assert!(decode(&bad).unwrap_err().contains("ill-formed"), "{bad:?}");
+        assert_eq!(open(1, &bad), Err(CACHALOT_ERR_INVALID_ARGUMENT));
+    }
+    // well-formed, naming descriptors nobody exported: the device refuses
+    assert!(matches!(
+        decode(&runs(1, &[2 << 20])),
+        Ok(Decoded::Runs { .. })
+    ));
+    assert_eq!(open(1, &runs(1, &[2 << 20])), Err(CACHALOT_ERR_BACKEND));
     assert!(matches!(decode(&[9u8; 64]), Ok(Decoded::Segment(_))));
     // a forged legacy handle: the device refuses it
     assert_eq!(open(1, &[9u8; 64]), Err(CACHALOT_ERR_BACKEND));

@@ -207,12 +207,20 @@ pub trait IpcMemory: Send + Sync {
     /// Unmaps a segment [`Self::open_segment`] opened.
     fn close_segment(&self, addr: u64) -> Result<(), BackendError>;
 
-    /// Maps, contiguously, the physical pages of `page` bytes each that
-    /// process `pid` exported as the shareable handles `handles` (POSIX
-    /// file descriptors of that process); returns the mapping's start.
-    fn open_pages(&self, pid: i32, page: u64, handles: &[i32]) -> Result<u64, BackendError>;
+    /// Maps, contiguously and in order, the physical allocations that
+    /// process `pid` exported as shareable handles (POSIX file descriptors
+    /// of that process), each `(handle, its bytes)`; returns the mapping's
+    /// start.
+    fn open_runs(&self, pid: i32, runs: &[(i32, u64)]) -> Result<u64, BackendError>;
 
-    /// Unmaps and releases a mapping [`Self::open_pages`] made.
+    /// [`Self::open_runs`] of physical allocations of `page` bytes each
+    /// (PyTorch's expandable segments share pages of one size).
+    fn open_pages(&self, pid: i32, page: u64, handles: &[i32]) -> Result<u64, BackendError> {
+        let runs: Vec<(i32, u64)> = handles.iter().map(|&h| (h, page)).collect();
+        self.open_runs(pid, &runs)
+    }
+
+    /// Unmaps and releases a mapping [`Self::open_runs`] made.
     fn close_pages(&self, addr: u64) -> Result<(), BackendError>;
 }
 

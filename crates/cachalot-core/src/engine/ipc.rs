@@ -5,7 +5,9 @@
 //! allocation at an offset into it; an expandable segment shares the
 //! physical allocations (runs of pages) under the allocation, each by the
 //! handle [`crate::VirtualMemory::export_physical`] gives, mapped
-//! contiguously by the receiver ([`crate::IpcMemory::open_pages`]).
+//! contiguously by the receiver ([`crate::IpcMemory::open_pages`] when they
+//! are of one size, as PyTorch's pages are, [`crate::IpcMemory::open_runs`]
+//! otherwise).
 //!
 //! The memory stays the allocation's as long as it is live: who frees it
 //! decides when the other process is done (PyTorch keeps the producer's
@@ -41,6 +43,20 @@ pub enum SharedMemory {
         /// The allocation's offset in the first.
         offset: u64,
     },
+    /// The physical allocations under an allocation of an expandable
+    /// segment when they are not all of one size (cachalot's page runs:
+    /// a fresh 6 MiB block is a run of two 2 MiB pages and a run of one),
+    /// in address order, to be mapped contiguously; the allocation starts
+    /// `offset` bytes into the first. PyTorch's wire format cannot carry
+    /// this (one page size per handle): a process on cachalot opens it.
+    Runs {
+        /// Each physical allocation's shareable handle (a file descriptor
+        /// of this process, valid while the memory is mapped here) and
+        /// its bytes.
+        runs: Vec<(i32, u64)>,
+        /// The allocation's offset in the first.
+        offset: u64,
+    },
 }
 
 fn unsupported(backend: &'static str, what: &str) -> Error {
@@ -57,11 +73,9 @@ impl<B: Backend> CachingAllocator<B> {
     /// (its start, as [`Self::allocate`] returned it). Another address is
     /// the typed error of a bad pointer ([`Error::UnknownPointer`]:
     /// "invalid device pointer"); a backend without interprocess sharing
-    /// is an [`Error::Backend`]. An allocation of an expandable segment
-    /// whose pages are physical allocations of different sizes (cachalot's
-    /// page runs) cannot be described as pages of one size: an
-    /// [`Error::InvalidArgument`] naming the configurations that share
-    /// every allocation.
+    /// is an [`Error::Backend`]. An allocation of an expandable segment is
+    /// [`SharedMemory::Pages`] when its physical allocations are of one
+    /// size (always in PyTorch's mode), [`SharedMemory::Runs`] when not.
     pub fn share(&self, addr: u64) -> Result<SharedMemory, Error> {
         let name = self.backend.name();
         let g = self.lock();
@@ -92,8 +106,8 @@ impl<B: Backend> CachingAllocator<B> {
         let (_, e) = g.segments.expandable_at(addr);
         let lo = ((addr - e.start) / e.page) as usize;
         let hi = (addr + size - e.start).div_ceil(e.page) as usize;
-        let (mut first, mut pages) = (None, None);
-        let mut handles = Vec::new();
+        let mut first = None;
+        let mut runs: Vec<(i32, u64)> = Vec::new();
         let mut i = lo;
         while i < hi {
             let Some((at, n)) = e.run_at(i) else {
@@ -103,28 +117,24 @@ impl<B: Backend> CachingAllocator<B> {
                 )));
             };
             first.get_or_insert(at);
-            let want = *pages.get_or_insert(n);
-            if want != n {
-                return Err(Error::InvalidArgument(format!(
-                    "cannot share the allocation at {addr:#x} ({size} bytes) as pages of one \
-                     size: its pages belong to physical allocations of {want} and {n} pages \
-                     (cachalot's page runs); `placement:pytorch` or \
-                     `expandable_segments:False` shares every allocation"
-                )));
-            }
             let (_, phys, _) = e.runs.get(&at).expect("run_at names a run");
             let fd = vm
                 .export_physical(phys)?
                 .ok_or_else(|| unsupported(name, "these pages"))?;
-            handles.push(fd);
+            runs.push((fd, n as u64 * e.page));
             i = at + n;
         }
         let first = first.expect("an allocation covers a page");
-        let page = pages.expect("an allocation covers a page") as u64 * e.page;
-        Ok(SharedMemory::Pages {
-            page,
-            handles,
-            offset: addr - (e.start + first as u64 * e.page),
+        let offset = addr - (e.start + first as u64 * e.page);
+        let page = runs[0].1;
+        Ok(if runs.iter().all(|r| r.1 == page) {
+            SharedMemory::Pages {
+                page,
+                handles: runs.into_iter().map(|r| r.0).collect(),
+                offset,
+            }
+        } else {
+            SharedMemory::Runs { runs, offset }
         })
     }
 }
