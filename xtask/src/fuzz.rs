@@ -140,6 +140,8 @@ fn build(dir: &Path, asan: bool) -> Res<()> {
     let status = nightly()
         .current_dir(dir)
         .env("RUSTFLAGS", flags.join(" "))
+        // the targets are run from the fuzz workspace's own target dir
+        .env_remove("CARGO_TARGET_DIR")
         // --target: the flags apply to the targets, not to build scripts
         // and proc macros
         .args(["build", "--release", "--bins", "--target", HOST])
