@@ -18,13 +18,19 @@
 //! `fuzz_regressions_engine` (`tests/tests/fuzz_regressions.rs`) both call
 //! [`engine`].
 
+mod device;
+
+use self::device::{
+    assert_all_released, capacity, check_device, free_live, inject_failure, wait_event,
+};
+
 use arbitrary::{Arbitrary, Unstructured};
 use cachalot_core::{
     AllocatorConfig, Backend, CachingAllocator, Error, PoolFilter, PoolId, graph_pool_handle,
 };
-use cachalot_mock::{MallocFailure, MockBackend, MockConfig, MockGraph, MockStream};
+use cachalot_mock::{MockBackend, MockConfig, MockGraph, MockStream};
 
-use crate::mock::{GIB, MIB};
+use crate::mock::MIB;
 
 /// Streams of the program: the default stream and three more.
 const STREAMS: usize = 4;
@@ -94,7 +100,8 @@ pub enum Size {
 }
 
 impl Size {
-    fn bytes(self) -> u64 {
+    /// The bytes requested.
+    pub(crate) fn bytes(self) -> u64 {
         match self {
             Size::Zero => 0,
             Size::Small(n) => u64::from(n),
@@ -281,14 +288,7 @@ impl World {
     /// `waiter.wait_stream(other)` through an event; a non-capturing waiter
     /// of a capturing stream forks into its capture.
     fn wait(&mut self, waiter: usize, other: usize) {
-        let e = self.m.create_event().expect("create_event");
-        self.m
-            .record_event(&e, self.streams[other])
-            .expect("record_event");
-        self.m
-            .stream_wait_event(self.streams[waiter], &e)
-            .expect("stream_wait_event");
-        self.m.destroy_event(e).expect("destroy_event");
+        wait_event(&self.m, self.streams[waiter], self.streams[other]);
         if self.capturing(other) && !self.capturing(waiter) {
             let c = self.active().expect("a capture is active");
             self.captures[c].members.push(waiter);
@@ -361,9 +361,7 @@ impl World {
                     return;
                 }
                 let l = self.live.swap_remove(*pick as usize % self.live.len());
-                self.a
-                    .free(l.addr)
-                    .unwrap_or_else(|e| panic!("free of live {:#x}: {e}", l.addr));
+                free_live(&self.a, l.addr);
                 self.freed.push(l.addr);
                 if self.freed.len() > 64 {
                     self.freed.remove(0);
@@ -487,14 +485,7 @@ impl World {
                     .set_memory_fraction(f64::from(*f) / 255.0)
                     .expect("a fraction in [0, 1]");
             }
-            Op::InjectFailure { backend_error, at } => {
-                let f = if *backend_error {
-                    MallocFailure::Backend(999)
-                } else {
-                    MallocFailure::OutOfMemory
-                };
-                self.m.fail_malloc_at_with(u64::from(*at % 4) + 1, f);
-            }
+            Op::InjectFailure { backend_error, at } => inject_failure(&self.m, *backend_error, *at),
             Op::Inspect => {
                 let stats = self.a.stats();
                 let active: i64 = self.live.iter().filter(|l| l.size > 0).count() as i64;
@@ -583,22 +574,13 @@ impl World {
     }
 
     fn check(&self, op: Option<&Op>) {
-        if let Err(e) = self.a.check_invariants() {
-            panic!("invariant violated after {op:?}: {e}");
-        }
-        let races = self.m.races();
-        assert!(races.is_empty(), "race after {op:?}: {}", races[0]);
-        assert_eq!(
-            self.m.counters().unmap_refused,
-            0,
-            "a page unmapped under pending work after {op:?}"
-        );
+        check_device(&self.m, &self.a, &op);
     }
 }
 
 /// Whether `CACHALOT_FUZZ_DEBUG` is set: [`engine`] then prints each
 /// operation to stderr (to read a crash input).
-fn debug() -> bool {
+pub(crate) fn debug() -> bool {
     static DEBUG: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *DEBUG.get_or_init(|| std::env::var_os("CACHALOT_FUZZ_DEBUG").is_some())
 }
@@ -608,12 +590,7 @@ fn debug() -> bool {
 /// cannot cause, or something is left at the end.
 pub fn engine(data: &[u8]) {
     let mut u = Unstructured::new(data);
-    let capacity = match u.int_in_range(0u8..=3).unwrap_or(0) {
-        0 => GIB,
-        1 => 256 * MIB,
-        2 => 64 * MIB,
-        _ => 8 * GIB,
-    };
+    let capacity = capacity(&mut u);
     let m: MockBackend = MockConfig::new(capacity).auto_complete(false).build();
     let config = match ConfigString::arbitrary(&mut u) {
         Ok(c) => AllocatorConfig::parse(&c.text()).unwrap_or_default(),
@@ -657,26 +634,12 @@ pub fn engine(data: &[u8]) {
     w.end_capture();
     w.check(None);
     for l in std::mem::take(&mut w.live) {
-        w.a.free(l.addr)
-            .unwrap_or_else(|e| panic!("free of live {:#x}: {e}", l.addr));
+        free_live(&w.a, l.addr);
     }
     for (g, c) in std::mem::take(&mut w.graphs) {
         drop(g);
         w.a.release_pool(w.captures[c].pool).expect("release_pool");
     }
-    w.m.clear_failures();
-    w.m.complete_all();
-    w.a.empty_cache().expect("empty_cache");
-    w.check(None);
-    let s = w.a.stats();
-    assert_eq!(s.reserved_bytes.all().current, 0, "reserved bytes left");
-    assert_eq!(s.active.all().current, 0, "active blocks left");
-    assert!(
-        w.m.live_segments().is_empty(),
-        "segments left: {:?}",
-        w.m.live_segments()
-    );
     let World { m, a, .. } = w;
-    drop(a);
-    assert_eq!(m.live_events(), 0, "events left");
+    assert_all_released(m, a);
 }
