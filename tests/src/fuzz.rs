@@ -16,9 +16,14 @@
 //!
 //! The libFuzzer target `engine` (`fuzz/`) and the regression test
 //! `fuzz_regressions_engine` (`tests/tests/fuzz_regressions.rs`) both call
-//! [`engine`].
+//! [`engine`]. The private-pool features (named pools and their options,
+//! checkpoints, interprocess sharing, segment trackers) have a harness of
+//! their own, [`pools()`] (target `pools`), which shares the helpers below.
 
 mod device;
+pub mod pools;
+
+pub use pools::pools;
 
 use self::device::{
     assert_all_released, capacity, check_device, free_live, inject_failure, wait_event,

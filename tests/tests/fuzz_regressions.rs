@@ -1,11 +1,13 @@
-//! Replays the committed inputs of the engine fuzz target (`fuzz/seeds/engine`
-//! and every crash found, `fuzz/regressions/engine`) through the harness the
-//! fuzz target runs ([`cachalot_conformance::fuzz::engine`]), plus a few
-//! thousand inputs from a fixed pseudo-random stream, on stable.
+//! Replays the committed inputs of the engine fuzz targets (`engine` and
+//! `pools`: `fuzz/seeds/<target>` and every crash found,
+//! `fuzz/regressions/<target>`) through the harnesses the fuzz targets run
+//! ([`cachalot_conformance::fuzz::engine`],
+//! [`cachalot_conformance::fuzz::pools`]), plus a few hundred inputs from a
+//! fixed pseudo-random stream each, on stable.
 
 use std::path::PathBuf;
 
-use cachalot_conformance::fuzz::engine;
+use cachalot_conformance::fuzz::{engine, pools};
 use cachalot_conformance::mock::Dev;
 use cachalot_core::rng::SplitMix64;
 use cachalot_core::{Backend, CachingAllocator, PoolFilter};
@@ -76,17 +78,39 @@ fn fuzz_regressions_engine() {
     }
 }
 
-/// A fixed stream of pseudo-random inputs (splitmix64): the harness on
-/// inputs no fuzzer shaped, so that `cargo test` explores a little too.
 #[test]
-fn engine_on_pseudo_random_inputs() {
-    let mut rng = SplitMix64::new(0x2545_f491_4f6c_dd1d);
+fn fuzz_regressions_pools() {
+    let inputs = inputs("pools");
+    assert!(!inputs.is_empty(), "the pools seeds are committed");
+    for (path, bytes) in inputs {
+        eprintln!("{}", path.display());
+        pools(&bytes);
+    }
+}
+
+/// `count` inputs of up to 2 KiB from a fixed pseudo-random stream
+/// (splitmix64 from `seed`), each run through `harness`.
+fn pseudo_random_inputs(seed: u64, count: usize, harness: fn(&[u8])) {
+    let mut rng = SplitMix64::new(seed);
     let mut next = move || rng.next_u64();
-    for _ in 0..300 {
+    for _ in 0..count {
         let len = (next() % 2048) as usize;
         let bytes: Vec<u8> = (0..len).map(|_| next() as u8).collect();
-        engine(&bytes);
+        harness(&bytes);
     }
+}
+
+/// A fixed stream of pseudo-random inputs: the harness on inputs no fuzzer
+/// shaped, so that `cargo test` explores a little too.
+#[test]
+fn engine_on_pseudo_random_inputs() {
+    pseudo_random_inputs(0x2545_f491_4f6c_dd1d, 300, engine);
+}
+
+/// The same for the private-pool harness.
+#[test]
+fn pools_on_pseudo_random_inputs() {
+    pseudo_random_inputs(0x9e37_79b9_7f4a_7c15, 300, pools);
 }
 
 /// Found by the engine target (`fuzz/regressions/engine/
@@ -187,3 +211,4 @@ fn a_private_small_segment_left_as_two_streams_blocks_is_released() {
     a.empty_cache().unwrap();
     assert!(m.live_segments().is_empty());
 }
+

@@ -19,7 +19,7 @@ use std::time::Instant;
 use crate::{Res, root};
 
 /// The fuzz targets, in the order `cargo xtask fuzz` runs them.
-pub const TARGETS: &[&str] = &["trace", "config", "engine", "capi"];
+pub const TARGETS: &[&str] = &["trace", "config", "engine", "pools", "capi"];
 
 /// Packages `cargo xtask miri` runs under Miri (their FFI-free tests; the
 /// tests that call into a real C library or spawn processes are marked
@@ -35,8 +35,8 @@ pub const MIRI_PACKAGES: &[&str] = &[
 const HOST: &str = "x86_64-unknown-linux-gnu";
 
 const FUZZ_USAGE: &str = "usage: cargo xtask fuzz [--seconds N] [--no-asan] [target]
-  runs every target (trace, config, engine, capi), or the one named, for N
-  seconds each (default 60) and reports the executions";
+  runs every target (trace, config, engine, pools, capi), or the one named,
+  for N seconds each (default 60) and reports the executions";
 
 /// The toolchain both commands use.
 fn nightly() -> Command {

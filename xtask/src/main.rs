@@ -142,7 +142,7 @@ commands:
                bench/pytorch/ and the traces into dist/cuda/ with bench.sh
   fuzz [--seconds N] [--no-asan] [target]
                build the libFuzzer targets of fuzz/ (nightly) and run each
-               (trace, config, engine, capi) for N seconds (default 60)
+               (trace, config, engine, pools, capi) for N seconds (default 60)
   miri         cargo +nightly miri test on cachalot-capi and the HIP and
                Level Zero crates
 
@@ -1159,6 +1159,7 @@ mod tests {
         for must in [
             "fuzz/seeds/engine",
             "fuzz/regressions/engine",
+            "fuzz/seeds/pools",
             "tests/tests/capture.proptest-regressions",
         ] {
             assert!(dist.join("repo").join(must).exists(), "{must}");
