@@ -212,3 +212,42 @@ fn a_private_small_segment_left_as_two_streams_blocks_is_released() {
     assert!(m.live_segments().is_empty());
 }
 
+/// Found by the pools target (`fuzz/regressions/pools/
+/// oom-ladder-release-failure-reported-later.bin`): an allocation's
+/// out-of-memory ladder could not release a cached segment (another
+/// process still had it open) and then failed with a device error at its
+/// retry; the release failure, dropped when the ladder ends normally, was
+/// left recorded and reported by the next `empty_cache`, which had
+/// released everything.
+#[test]
+fn a_release_failure_of_a_failed_allocation_is_not_reported_later() {
+    use cachalot_core::engine::SharedMemory;
+    use cachalot_core::{AllocatorConfig, Error};
+    use cachalot_mock::{MallocFailure, MockConfig};
+
+    let m = MockConfig::new(256 << 20).build();
+    let other = MockConfig::new(256 << 20).build();
+    let config = AllocatorConfig::parse("expandable_segments:False").unwrap();
+    let a = CachingAllocator::with_config(m.clone(), config).unwrap();
+    let s1 = m.create_stream();
+    let x = a.allocate(8350, s1).unwrap();
+    let Ok(SharedMemory::Segment { handle, .. }) = a.share(x) else {
+        panic!("a fixed segment is shared as a segment");
+    };
+    let at = other.ipc().unwrap().open_segment(&handle).unwrap();
+    a.free(x).unwrap();
+    // the device is out of memory, the cached segment cannot go back (it
+    // is open elsewhere), and the ladder's retry meets a device error
+    m.fail_malloc_at_with(1, MallocFailure::OutOfMemory);
+    m.fail_malloc_at_with(2, MallocFailure::Backend(999));
+    assert!(matches!(
+        a.allocate(52, m.default_stream()),
+        Err(Error::Backend(_))
+    ));
+    a.check_invariants().unwrap();
+    other.ipc().unwrap().close_segment(at).unwrap();
+    // nothing fails now: nothing is reported
+    a.empty_cache().unwrap();
+    assert!(m.live_segments().is_empty());
+    assert_eq!(a.stats().reserved_bytes.all().current, 0);
+}

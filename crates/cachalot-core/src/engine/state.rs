@@ -261,7 +261,22 @@ impl<B: Backend> Inner<B> {
             self.pools.pool_mut(p.pool, p.small).free.note_out(p.stream);
             return Ok(AllocOutcome::Ok(self.alloc_found_block(id, &p)));
         }
-        self.malloc_slow(backend, &p)
+        let r = self.malloc_slow(backend, &p);
+        self.drop_release_failures_on_err(r)
+    }
+
+    /// An allocation's outcome `r`: when it is an error, the release
+    /// failures its ladder met are dropped, as at the ladder's end (the
+    /// segments stay cached, warned about): a later `empty_cache` or
+    /// `release_pool` must not report them as its own.
+    pub(super) fn drop_release_failures_on_err<T>(
+        &mut self,
+        r: Result<T, Error>,
+    ) -> Result<T, Error> {
+        if r.is_err() {
+            let _ = self.release_failures.take();
+        }
+        r
     }
 
     /// PyTorch's ladder: `alloc_block || (release_available && alloc_block)

@@ -129,6 +129,7 @@ impl<B: Backend> Inner<B> {
             Ok(found) => self.ladder_after(backend, &call.p, call.rung, found),
             Err(e) => Err(e),
         };
+        let r = self.drop_release_failures_on_err(r);
         // (the pool was kept until now: the ladder may have released it)
         self.end_pool_call(call.p.pool);
         r
