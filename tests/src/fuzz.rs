@@ -26,7 +26,8 @@ pub mod pools;
 pub use pools::pools;
 
 use self::device::{
-    assert_all_released, capacity, check_device, free_live, inject_failure, wait_event,
+    allocated, assert_all_released, capacity, check_device, free_live, inject_failure, run_ops,
+    wait_event, write_new,
 };
 
 use arbitrary::{Arbitrary, Unstructured};
@@ -339,26 +340,17 @@ impl World {
             Op::Alloc { size, stream } => {
                 let si = *stream as usize % STREAMS;
                 let size = size.bytes();
-                match self.a.allocate(size, self.streams[si]) {
-                    Ok(0) => assert_eq!(size, 0, "address 0 for a non-empty request"),
-                    Ok(addr) => {
-                        assert_ne!(size, 0, "an address for a zero-byte request");
-                        let tag = self.next_tag;
-                        self.next_tag += 1;
-                        self.m
-                            .use_memory(self.streams[si], addr, size, tag)
-                            .expect("the new block lies in a live segment");
-                        let capture = self.active().filter(|_| self.capturing(si));
-                        self.live.push(Live {
-                            addr,
-                            size,
-                            tag,
-                            streams: vec![si],
-                            capture,
-                        });
-                    }
-                    Err(Error::OutOfMemory(_) | Error::NeverFits { .. } | Error::Backend(_)) => {}
-                    Err(e) => panic!("allocate({size}) failed unexpectedly: {e}"),
+                let r = self.a.allocate(size, self.streams[si]);
+                if let Some(addr) = allocated(r, size) {
+                    let tag = write_new(&self.m, self.streams[si], addr, size, &mut self.next_tag);
+                    let capture = self.active().filter(|_| self.capturing(si));
+                    self.live.push(Live {
+                        addr,
+                        size,
+                        tag,
+                        streams: vec![si],
+                        capture,
+                    });
                 }
             }
             Op::Free { pick } => {
@@ -583,8 +575,8 @@ impl World {
     }
 }
 
-/// Whether `CACHALOT_FUZZ_DEBUG` is set: [`engine`] then prints each
-/// operation to stderr (to read a crash input).
+/// Whether `CACHALOT_FUZZ_DEBUG` is set: [`engine`] and [`pools()`] then
+/// print each operation to stderr (to read a crash input).
 pub(crate) fn debug() -> bool {
     static DEBUG: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *DEBUG.get_or_init(|| std::env::var_os("CACHALOT_FUZZ_DEBUG").is_some())
@@ -618,23 +610,16 @@ pub fn engine(data: &[u8]) {
         graphs: Vec::new(),
         next_tag: 1,
     };
-    let debug = debug();
-    if debug {
+    if debug() {
         eprintln!(
             "capacity {capacity}, config {:?}",
             w.a.config().last_config_string
         );
     }
-    let mut n = 0;
-    while n < MAX_OPS && !u.is_empty() {
-        let Ok(op) = Op::arbitrary(&mut u) else { break };
-        if debug {
-            eprintln!("op {n}: {op:?}");
-        }
-        w.step(&op);
-        w.check(Some(&op));
-        n += 1;
-    }
+    run_ops(&mut u, MAX_OPS, |op: &Op| {
+        w.step(op);
+        w.check(Some(op));
+    });
     // Wind down: end the capture, free everything, drop the graphs.
     w.end_capture();
     w.check(None);

@@ -2,8 +2,8 @@
 //! frees of live allocations, injected failures, the device's capacity,
 //! the checks after every operation and those at the end of a run.
 
-use arbitrary::Unstructured;
-use cachalot_core::{Backend, CachingAllocator};
+use arbitrary::{Arbitrary, Unstructured};
+use cachalot_core::{Backend, CachingAllocator, Error};
 use cachalot_mock::{MallocFailure, MockBackend, MockStream};
 
 use crate::mock::{GIB, MIB};
@@ -15,6 +15,60 @@ pub(crate) fn wait_event(m: &MockBackend, waiter: MockStream, other: MockStream)
     m.record_event(&e, other).expect("record_event");
     m.stream_wait_event(waiter, &e).expect("stream_wait_event");
     m.destroy_event(e).expect("destroy_event");
+}
+
+/// Decodes up to `max` operations from `u` and runs each through `step`,
+/// printing it first when `CACHALOT_FUZZ_DEBUG` is set.
+pub(crate) fn run_ops<'a, O: Arbitrary<'a> + std::fmt::Debug>(
+    u: &mut Unstructured<'a>,
+    max: usize,
+    mut step: impl FnMut(&O),
+) {
+    let debug = super::debug();
+    let mut n = 0;
+    while n < max && !u.is_empty() {
+        let Ok(op) = O::arbitrary(u) else { break };
+        if debug {
+            eprintln!("op {n}: {op:?}");
+        }
+        step(&op);
+        n += 1;
+    }
+}
+
+/// The block an allocation of `size` bytes answered with `r`, if it made
+/// one: 0 bytes get the null address, and out of memory, a size that never
+/// fits and an injected device failure are no block; any other answer
+/// panics.
+pub(crate) fn allocated(r: Result<u64, Error>, size: u64) -> Option<u64> {
+    match r {
+        Ok(0) => {
+            assert_eq!(size, 0, "address 0 for a non-empty request");
+            None
+        }
+        Ok(addr) => {
+            assert_ne!(size, 0, "an address for a zero-byte request");
+            Some(addr)
+        }
+        Err(Error::OutOfMemory(_) | Error::NeverFits { .. } | Error::Backend(_)) => None,
+        Err(e) => panic!("allocating {size} bytes failed unexpectedly: {e}"),
+    }
+}
+
+/// Writes new block `[addr, addr + size)` on `stream` as allocation
+/// `next_tag` (which moves on); returns that tag.
+pub(crate) fn write_new(
+    m: &MockBackend,
+    stream: MockStream,
+    addr: u64,
+    size: u64,
+    next_tag: &mut u64,
+) -> u64 {
+    let tag = *next_tag;
+    *next_tag += 1;
+    m.use_memory(stream, addr, size, tag)
+        .expect("the new block lies in a live segment");
+    tag
 }
 
 /// Frees live allocation `addr`, which must succeed.

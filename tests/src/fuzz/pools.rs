@@ -54,7 +54,8 @@ use cachalot_mock::{MockBackend, MockConfig, MockStream};
 use self::books::{FuzzSource, SourceKind, TrackerBook};
 use self::ipc::Window;
 use super::device::{
-    assert_all_released, capacity, check_device, free_live, inject_failure, wait_event,
+    allocated, assert_all_released, capacity, check_device, free_live, inject_failure, run_ops,
+    wait_event, write_new,
 };
 use super::{Size, debug};
 
@@ -258,29 +259,20 @@ impl World {
     /// A new allocation of `size` bytes on stream `si` (in pool `pool`):
     /// written on its stream, then live.
     fn made(&mut self, r: Result<u64, Error>, size: u64, si: usize, pool: Option<usize>) {
-        match r {
-            Ok(0) => assert_eq!(size, 0, "address 0 for a non-empty request"),
-            Ok(addr) => {
-                assert_ne!(size, 0, "an address for a zero-byte request");
-                let tag = self.next_tag;
-                self.next_tag += 1;
-                self.m
-                    .use_memory(self.streams[si], addr, size, tag)
-                    .expect("the new block lies in a live segment");
-                if let Some(p) = pool {
-                    self.pools[p].alloc_streams |= 1 << si;
-                }
-                self.live.push(Live {
-                    addr,
-                    size,
-                    tag,
-                    streams: vec![si],
-                    pool,
-                });
-            }
-            Err(Error::OutOfMemory(_) | Error::NeverFits { .. } | Error::Backend(_)) => {}
-            Err(e) => panic!("allocating {size} bytes failed unexpectedly: {e}"),
+        let Some(addr) = allocated(r, size) else {
+            return;
+        };
+        let tag = write_new(&self.m, self.streams[si], addr, size, &mut self.next_tag);
+        if let Some(p) = pool {
+            self.pools[p].alloc_streams |= 1 << si;
         }
+        self.live.push(Live {
+            addr,
+            size,
+            tag,
+            streams: vec![si],
+            pool,
+        });
     }
 
     fn step(&mut self, op: &Op) {
@@ -574,20 +566,13 @@ pub fn pools(data: &[u8]) {
         book,
         next_tag: 1,
     };
-    let debug = debug();
-    if debug {
+    if debug() {
         eprintln!("capacity {capacity}, config {text:?}");
     }
-    let mut n = 0;
-    while n < MAX_OPS && !u.is_empty() {
-        let Ok(op) = Op::arbitrary(&mut u) else { break };
-        if debug {
-            eprintln!("op {n}: {op:?}");
-        }
-        w.step(&op);
-        w.check(Some(&op));
-        n += 1;
-    }
+    run_ops(&mut u, MAX_OPS, |op: &Op| {
+        w.step(op);
+        w.check(Some(op));
+    });
     // Wind down: the other process closes everything, then every block is
     // freed and every pool released.
     while !w.windows.is_empty() {

@@ -4,7 +4,7 @@
 
 use cachalot_core::{CaptureError, Error};
 
-use super::{Live, MAX_CHECKPOINTS, STREAMS, World};
+use super::{MAX_CHECKPOINTS, STREAMS, World};
 
 impl World {
     /// The live allocations made in pool `p`, by address.
@@ -106,16 +106,7 @@ impl World {
                 .position(|&s| s == b.stream)
                 .expect("a stream of the program");
             assert_eq!(self.a.block_size(addr), Some(size));
-            self.pools[p].alloc_streams |= 1 << si;
-            let tag = self.next_tag;
-            self.next_tag += 1;
-            self.live.push(Live {
-                addr,
-                size,
-                tag,
-                streams: vec![si],
-                pool: Some(p),
-            });
+            self.made(Ok(addr), size, si, Some(p));
         }
     }
 }
