@@ -214,8 +214,8 @@ struct World {
     /// A segment of this device was open in the other process since the
     /// last release that reported: a release may fail.
     held_open: bool,
-    /// Whether allocations may fail to be shared as pages of one size
-    /// (cachalot's page runs).
+    /// Whether allocations may be shared as runs of different sizes
+    /// (cachalot's page runs; PyTorch's mode has pages of one size).
     runs: bool,
     book: Arc<Mutex<TrackerBook>>,
     next_tag: u64,

@@ -3,7 +3,7 @@
 //! closing it later.
 
 use cachalot_core::engine::SharedMemory;
-use cachalot_core::{Backend, Error, IPC_HANDLE_BYTES};
+use cachalot_core::{Backend, IPC_HANDLE_BYTES};
 
 use super::World;
 
@@ -66,7 +66,22 @@ impl World {
                     refs: 1,
                 });
             }
-            Err(Error::InvalidArgument(_)) if self.runs => {}
+            Ok(SharedMemory::Runs { runs, offset }) => {
+                // (only cachalot's page runs are of different sizes)
+                assert!(self.runs, "runs of different sizes in PyTorch's mode");
+                assert!(runs.windows(2).any(|w| w[0].1 != w[1].1), "{runs:?}");
+                assert!(
+                    offset < runs[0].1,
+                    "offset {offset} into a run of {}",
+                    runs[0].1
+                );
+                let at = ipc.open_runs(4242, &runs).expect("open_runs");
+                self.windows.push(Window {
+                    at,
+                    handle: None,
+                    refs: 1,
+                });
+            }
             Err(e) => panic!("share of live {addr:#x}: {e}"),
         }
     }
