@@ -886,9 +886,12 @@ extern "C" int cachalot_torch_install(const char* config, char* err, size_t errl
                "get_device_properties, ...)");
       return 1;
     }
-    // CACHALOT_TORCH_BACKEND=mock: the mock device, for tests without a GPU
+    // CACHALOT_TORCH_BACKEND=mock: the mock device, for tests without a GPU.
+    // Chosen, not set up: the driver is first touched when PyTorch first
+    // uses CUDA, as natively (import torch, a fork before CUDA, a process
+    // with no GPU stay as they are)
     const char* backend = std::getenv("CACHALOT_TORCH_BACKEND");
-    if (cachalot_init(backend && *backend ? backend : "cuda") != CACHALOT_OK) {
+    if (cachalot_select(backend && *backend ? backend : "cuda") != CACHALOT_OK) {
       copy_msg(err, errlen, last_error());
       return 2;
     }

@@ -57,6 +57,13 @@ typedef struct CUstream_st *cachalot_stream_t;
  * usable, else the mock). Optional. Another backend once chosen: error. */
 int cachalot_init(const char *backend);
 
+/* Chooses the backend as cachalot_init does, without touching its driver:
+ * the devices are counted (CUDA's cuInit) at the first call that needs a
+ * device, as PyTorch initializes CUDA at its first use. Not compiled in:
+ * an error now; no device: an error at that first call. NULL or "": an
+ * error. */
+int cachalot_select(const char *backend);
+
 /* The backend in use ("cuda", "mock", ...): a static string; NULL on error. */
 const char *cachalot_backend_name(void);
 

@@ -398,6 +398,26 @@ pub unsafe extern "C" fn cachalot_init(backend: *const c_char) -> c_int {
     })
 }
 
+/// Chooses the backend as [`cachalot_init`] does, but does not touch its
+/// driver: the devices are counted (CUDA's `cuInit`) at the first call
+/// that needs a device, as PyTorch initializes CUDA at its first use (the
+/// PyTorch drop-in installs with it, so that `import torch` and a fork
+/// before any CUDA use stay as they are natively). A backend that is not
+/// compiled in is an error now; one without a device, at that first call.
+/// NULL or `""` is an error (detection needs the driver).
+///
+/// # Safety
+/// `backend` is NULL or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cachalot_select(backend: *const c_char) -> c_int {
+    status("cachalot_select", || {
+        // SAFETY: the caller guarantees NULL or a NUL-terminated string.
+        let name = unsafe { c_str(backend, "backend") }?;
+        cachalot::select(name.parse()?)?;
+        Ok(())
+    })
+}
+
 /// The name of the backend in use (`"cuda"`, `"mock"`, ...), choosing it if
 /// not yet chosen; a static string. NULL on error.
 #[unsafe(no_mangle)]

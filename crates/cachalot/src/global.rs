@@ -17,6 +17,8 @@ struct Runtime {
 
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
 static INIT: Mutex<()> = Mutex::new(());
+/// The backend [`select`] chose, for the first use to set up.
+static SELECTED: Mutex<Option<BackendKind>> = Mutex::new(None);
 static OBSERVERS: RwLock<Vec<OomObserver>> = RwLock::new(Vec::new());
 
 thread_local! {
@@ -39,8 +41,18 @@ fn runtime() -> Result<&'static Runtime, Error> {
     if let Some(r) = RUNTIME.get() {
         return Ok(r);
     }
-    let r = build(BackendKind::detect()?)?;
+    let selected = *SELECTED.lock();
+    let r = build(match selected {
+        Some(kind) => kind,
+        None => BackendKind::detect()?,
+    })?;
     Ok(RUNTIME.get_or_init(|| r))
+}
+
+fn switch_error(from: BackendKind, to: BackendKind) -> Error {
+    Error::InvalidArgument(format!(
+        "the backend is already '{from}', cannot switch to '{to}'"
+    ))
 }
 
 /// Chooses the backend of the global allocators. Call it before any other
@@ -53,19 +65,54 @@ pub fn init(kind: BackendKind) -> Result<(), Error> {
         return if r.kind == kind {
             Ok(())
         } else {
-            Err(Error::InvalidArgument(format!(
-                "the backend is already '{}', cannot switch to '{kind}'",
-                r.kind
-            )))
+            Err(switch_error(r.kind, kind))
         };
+    }
+    if let Some(s) = *SELECTED.lock()
+        && s != kind
+    {
+        return Err(switch_error(s, kind));
     }
     let r = build(kind)?;
     let _ = RUNTIME.set(r);
     Ok(())
 }
 
-/// The backend of the global allocators (choosing it if not yet chosen).
+/// Chooses the backend of the global allocators as [`init`] does, but
+/// without touching its driver: the devices are counted (CUDA's `cuInit`)
+/// at the first use of the global allocators, as PyTorch initializes CUDA
+/// at its first use, so that a process may fork or run without a device
+/// until then. A backend not compiled in is an error now; one without a
+/// device, at that first use. Choosing again the same backend is a no-op;
+/// another one, once chosen, is an error.
+pub fn select(kind: BackendKind) -> Result<(), Error> {
+    let _g = INIT.lock();
+    if let Some(r) = RUNTIME.get() {
+        return if r.kind == kind {
+            Ok(())
+        } else {
+            Err(switch_error(r.kind, kind))
+        };
+    }
+    let mut selected = SELECTED.lock();
+    match *selected {
+        Some(s) if s != kind => Err(switch_error(s, kind)),
+        _ if !kind.is_compiled() => Err(kind.not_compiled()),
+        _ => {
+            *selected = Some(kind);
+            Ok(())
+        }
+    }
+}
+
+/// The backend of the global allocators (choosing it if not yet chosen;
+/// one [`select`]ed is not set up by this).
 pub fn backend_kind() -> Result<BackendKind, Error> {
+    if RUNTIME.get().is_none()
+        && let Some(kind) = *SELECTED.lock()
+    {
+        return Ok(kind);
+    }
     Ok(runtime()?.kind)
 }
 

@@ -99,7 +99,7 @@ pub use backend::{
 pub use buffer::DeviceBuffer;
 pub use device::{DeviceAllocator, MAX_BENCH_THREADS, MAX_REPLAY_STREAMS, Stream};
 pub use global::{
-    add_oom_observer, allocator, backend_kind, init, initialized_allocators, try_allocator,
+    add_oom_observer, allocator, backend_kind, init, initialized_allocators, select, try_allocator,
 };
 
 /// The device-agnostic core (engine, backend trait, stats model).
