@@ -17,7 +17,9 @@ through the environment, which those processes inherit:
   installs cachalot right after torch has run, before anything can
   initialize CUDA. Then it runs the `sitecustomize` it shadows, if any.
 
-A process that never imports torch imports nothing of cachalot_torch. A
+A process that never imports torch imports nothing of cachalot_torch; a
+process of another Python installation (`sys.prefix`: another venv's
+interpreter) is left alone. A
 process started with `-E` or `-I` (which ignore the environment) runs
 PyTorch's allocator, as it would ignore `PYTORCH_CUDA_ALLOC_CONF`. A child
 where cachalot cannot be installed fails at its `import torch` with the
@@ -48,7 +50,10 @@ def environment(config: str | None, mode: str | None, lib: str | None,
     with `BOOTSTRAP` first."""
     environ = os.environ if environ is None else environ
     value = json.dumps({"config": config, "mode": mode,
-                        "lib": os.path.abspath(lib) if lib else None})
+                        "lib": os.path.abspath(lib) if lib else None,
+                        # another Python installation (a different venv's
+                        # interpreter) is left alone
+                        "prefix": sys.prefix})
     rest = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(BOOTSTRAP)]
     return {ENV: value, "PYTHONPATH": os.pathsep.join([str(BOOTSTRAP), *rest])}
 
@@ -65,9 +70,9 @@ def settings(environ: dict | None = None) -> dict | None:
     except json.JSONDecodeError as e:
         raise ValueError(f"{ENV}={raw!r} is not what the launcher writes: {e}") from None
     if not isinstance(s, dict) or not all(
-            isinstance(s.get(k), (str, type(None))) for k in ("config", "mode", "lib")):
+            isinstance(s.get(k), (str, type(None))) for k in ("config", "mode", "lib", "prefix")):
         raise ValueError(f"{ENV}={raw!r} is not what the launcher writes")
-    return {k: s.get(k) for k in ("config", "mode", "lib")}
+    return {k: s.get(k) for k in ("config", "mode", "lib", "prefix")}
 
 
 def _cuda_usable() -> bool:

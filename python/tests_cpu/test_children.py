@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import textwrap
 import unittest
@@ -36,7 +37,8 @@ class EnvironmentTest(unittest.TestCase):
                                     {"PYTHONPATH": os.pathsep.join(["/a", str(_children.BOOTSTRAP), "/b"])})
         self.assertEqual(env["PYTHONPATH"].split(os.pathsep), [str(_children.BOOTSTRAP), "/a", "/b"])
         s = _children.settings(env)
-        self.assertEqual(s, {"config": "placement:pytorch", "mode": "shim", "lib": os.path.abspath("lib.so")})
+        self.assertEqual(s, {"config": "placement:pytorch", "mode": "shim", "lib": os.path.abspath("lib.so"),
+                             "prefix": sys.prefix})
         self.assertIsNone(_children.settings({}))
 
     def test_a_foreign_value_is_refused_with_its_text(self):
@@ -76,6 +78,15 @@ class ChildTest(unittest.TestCase):
         r = self.child(_children.environment(None, None, str(self.root / "nowhere.so"), {}))
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(json.loads(r.stdout.splitlines()[-1])["torch"], "2.11.0+cu130")
+
+    def test_another_python_installation_is_left_alone(self):
+        env = _children.environment(None, None, str(self.root / "nowhere.so"), {})
+        s = json.loads(env[_children.ENV])
+        s["prefix"] = str(self.root / "another-venv")
+        env[_children.ENV] = json.dumps(s)
+        r = self.child(env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertFalse(json.loads(r.stdout.splitlines()[-1])["cachalot_imported"])
 
     def test_without_the_variable_nothing_happens(self):
         r = self.child({"PYTHONPATH": str(_children.BOOTSTRAP)})

@@ -32,8 +32,17 @@ def _run():
                 import cachalot_torch._children as children
             return children.hook_spec(name, path, target)
 
-    if os.environ.get("CACHALOT_TORCH_CHILDREN"):
-        sys.meta_path.insert(0, TorchWatch)
+    raw = os.environ.get("CACHALOT_TORCH_CHILDREN")
+    if raw:
+        import json
+
+        try:
+            prefix = json.loads(raw).get("prefix")
+        except (ValueError, AttributeError):
+            prefix = None  # (a malformed value is reported at import torch)
+        # another Python installation than the launcher's is left alone
+        if not isinstance(prefix, str) or os.path.realpath(prefix) == os.path.realpath(sys.prefix):
+            sys.meta_path.insert(0, TorchWatch)
     for entry in sys.path:
         if entry and os.path.realpath(entry) != here:
             spec = PathFinder.find_spec("sitecustomize", [entry])
