@@ -4,6 +4,7 @@ NCCL) when started by torchrun. It is the unchanged script the launcher
 runs:
 
     python python/examples/train_tiny.py --steps 50                 # PyTorch's allocator
+    python -m cachalot_torch run python/examples/train_tiny.py --compile   # inductor's workers too
     python -m cachalot_torch run python/examples/train_tiny.py --steps 50
     torchrun --nproc_per_node 2 -m cachalot_torch run python/examples/train_tiny.py --steps 50
 
@@ -26,6 +27,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--width", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile the model (inductor; its compile workers are child processes)")
     args = ap.parse_args()
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -44,6 +47,7 @@ def main() -> int:
     ).to(dev)
     if torch.distributed.is_initialized():
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local])
+    opt_model = torch.compile(model) if args.compile else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(1 + rank)
     losses = []
@@ -52,7 +56,7 @@ def main() -> int:
         y = torch.randint(0, 10, (args.batch,), generator=g).to(dev, non_blocking=True)
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss = torch.nn.functional.cross_entropy(opt_model(x), y)
         loss.backward()
         opt.step()
         losses.append(float(loss.detach().float().item()))

@@ -27,7 +27,9 @@
 #    torch.distributed.run, as the venv has no torchrun of its own) with
 #    DDP over NCCL; python/examples/spawn_workers.py, whose workers are
 #    torch.multiprocessing.spawn children: on cachalot under the launcher,
-#    on PyTorch's allocator with --no-children, same results;
+#    on PyTorch's allocator with --no-children, same results; train_tiny.py
+#    --compile (inductor, whose compile workers are child processes that
+#    import torch) under the launcher;
 # 6. prints the table last; exit 0 when every row is ok.
 #
 # Logs under $OUT (a temp folder when unset). SUITE_ARGS: more pytest
@@ -251,6 +253,16 @@ if detail=$(compare ddp "$OUT/ddp-native.log" "$OUT/ddp-launcher.log" 0) && [ $r
 else
   row "torchrun -m cachalot_torch run (DDP, NCCL)" FAIL "exit $rc; $detail"
   tail -15 "$OUT/ddp-launcher.log"
+fi
+
+timeout 300 "$VPY" train_tiny.py --steps 10 --compile >"$OUT/compile-native.log" 2>&1
+timeout 300 "$VPY" -m cachalot_torch run train_tiny.py --steps 10 --compile >"$OUT/compile-launcher.log" 2>&1
+rc=$?
+if detail=$(compare compile "$OUT/compile-native.log" "$OUT/compile-launcher.log" 0) && [ $rc -eq 0 ]; then
+  row "run train_tiny.py --compile (inductor)" ok "$detail"
+else
+  row "run train_tiny.py --compile (inductor)" FAIL "exit $rc; $detail"
+  tail -15 "$OUT/compile-launcher.log"
 fi
 
 spawned() { # log: the workers' backends, or nothing
