@@ -190,28 +190,31 @@ impl IpcMemory for CudaBackend {
                     ));
                 }
             };
-            let h = {
-                let _b = self.ctx.bind("cuMemImportFromShareableHandle")?;
-                driver::mem_import_posix_fd(mine.as_raw_fd())
-            };
+            // (a failure to bind the context unwinds too: nothing leaks)
+            let h = self
+                .ctx
+                .bind("cuMemImportFromShareableHandle")
+                .and_then(|_b| {
+                    driver::mem_import_posix_fd(mine.as_raw_fd())
+                        .map_err(to_backend("cuMemImportFromShareableHandle"))
+                });
             drop(mine);
             match h {
                 Ok(h) => imported.push((h, bytes)),
                 Err(e) => {
                     self.unwind_runs(addr, total, 0, &imported);
-                    return Err(to_backend("cuMemImportFromShareableHandle")(e));
+                    return Err(e);
                 }
             }
         }
         let mut at = addr;
         for (i, &(h, bytes)) in imported.iter().enumerate() {
-            let r = {
-                let _b = self.ctx.bind("cuMemMap")?;
-                driver::mem_map(at, bytes as usize, h)
-            };
+            let r = self.ctx.bind("cuMemMap").and_then(|_b| {
+                driver::mem_map(at, bytes as usize, h).map_err(to_backend("cuMemMap"))
+            });
             if let Err(e) = r {
                 self.unwind_runs(addr, total, i, &imported);
-                return Err(to_backend("cuMemMap")(e));
+                return Err(e);
             }
             at += bytes;
         }
