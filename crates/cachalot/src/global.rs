@@ -49,6 +49,15 @@ fn runtime() -> Result<&'static Runtime, Error> {
     Ok(RUNTIME.get_or_init(|| r))
 }
 
+/// Choosing `to` once `from` is set up: a no-op when they are the same.
+fn same_backend(from: BackendKind, to: BackendKind) -> Result<(), Error> {
+    if from == to {
+        Ok(())
+    } else {
+        Err(switch_error(from, to))
+    }
+}
+
 fn switch_error(from: BackendKind, to: BackendKind) -> Error {
     Error::InvalidArgument(format!(
         "the backend is already '{from}', cannot switch to '{to}'"
@@ -62,16 +71,10 @@ fn switch_error(from: BackendKind, to: BackendKind) -> Error {
 pub fn init(kind: BackendKind) -> Result<(), Error> {
     let _g = INIT.lock();
     if let Some(r) = RUNTIME.get() {
-        return if r.kind == kind {
-            Ok(())
-        } else {
-            Err(switch_error(r.kind, kind))
-        };
+        return same_backend(r.kind, kind);
     }
-    if let Some(s) = *SELECTED.lock()
-        && s != kind
-    {
-        return Err(switch_error(s, kind));
+    if let Some(s) = *SELECTED.lock() {
+        same_backend(s, kind)?;
     }
     let r = build(kind)?;
     let _ = RUNTIME.set(r);
@@ -88,11 +91,7 @@ pub fn init(kind: BackendKind) -> Result<(), Error> {
 pub fn select(kind: BackendKind) -> Result<(), Error> {
     let _g = INIT.lock();
     if let Some(r) = RUNTIME.get() {
-        return if r.kind == kind {
-            Ok(())
-        } else {
-            Err(switch_error(r.kind, kind))
-        };
+        return same_backend(r.kind, kind);
     }
     let mut selected = SELECTED.lock();
     match *selected {
