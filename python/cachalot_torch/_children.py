@@ -39,6 +39,8 @@ from pathlib import Path
 
 #: The environment variable the launcher sets for its child processes.
 ENV = "CACHALOT_TORCH_CHILDREN"
+#: The fields of `ENV`'s JSON.
+_FIELDS = ("config", "mode", "lib", "prefix")
 #: The folder whose sitecustomize.py arms the hook.
 BOOTSTRAP = Path(__file__).resolve().parent / "_bootstrap"
 
@@ -70,9 +72,9 @@ def settings(environ: dict | None = None) -> dict | None:
     except json.JSONDecodeError as e:
         raise ValueError(f"{ENV}={raw!r} is not what the launcher writes: {e}") from None
     if not isinstance(s, dict) or not all(
-            isinstance(s.get(k), (str, type(None))) for k in ("config", "mode", "lib", "prefix")):
+            isinstance(s.get(k), (str, type(None))) for k in _FIELDS):
         raise ValueError(f"{ENV}={raw!r} is not what the launcher writes")
-    return {k: s.get(k) for k in ("config", "mode", "lib", "prefix")}
+    return {k: s.get(k) for k in _FIELDS}
 
 
 def _cuda_usable() -> bool:

@@ -214,6 +214,15 @@ ok = n["backend"] == "native" and c["backend"] == "cachalot" and (same or not st
 sys.exit(0 if ok else 1)
 EOF
 }
+judge() { # name label rc: the launcher's run ($OUT/name-launcher.log, exit rc) against the native one
+  local detail
+  if detail=$(compare "$1" "$OUT/$1-native.log" "$OUT/$1-launcher.log" 0) && [ "$3" -eq 0 ]; then
+    row "$2" ok "$detail"
+  else
+    row "$2" FAIL "exit $3; $detail"
+    tail -15 "$OUT/$1-launcher.log"
+  fi
+}
 models=(graphed)
 "$VPY" -c 'import transformers' 2>/dev/null && models+=(gpt2)
 for m in "${models[@]}"; do
@@ -231,13 +240,7 @@ done
 
 timeout 300 "$VPY" train_tiny.py --steps 30 >"$OUT/tiny-native.log" 2>&1
 timeout 300 "$VPY" -m cachalot_torch run --config expandable_segments:True train_tiny.py --steps 30 >"$OUT/tiny-launcher.log" 2>&1
-rc=$?
-if detail=$(compare tiny "$OUT/tiny-native.log" "$OUT/tiny-launcher.log" 0) && [ $rc -eq 0 ]; then
-  row "run --config ... train_tiny.py" ok "$detail"
-else
-  row "run --config ... train_tiny.py" FAIL "exit $rc; $detail"
-  tail -5 "$OUT/tiny-launcher.log"
-fi
+judge tiny "run --config ... train_tiny.py" $?
 
 timeout 120 "$VPY" -m cachalot_torch run exit3.py >"$OUT/exit3.log" 2>&1
 rc=$?
@@ -257,13 +260,7 @@ fi
 
 timeout 300 "$VPY" train_tiny.py --steps 10 --compile >"$OUT/compile-native.log" 2>&1
 timeout 300 "$VPY" -m cachalot_torch run train_tiny.py --steps 10 --compile >"$OUT/compile-launcher.log" 2>&1
-rc=$?
-if detail=$(compare compile "$OUT/compile-native.log" "$OUT/compile-launcher.log" 0) && [ $rc -eq 0 ]; then
-  row "run train_tiny.py --compile (inductor)" ok "$detail"
-else
-  row "run train_tiny.py --compile (inductor)" FAIL "exit $rc; $detail"
-  tail -15 "$OUT/compile-launcher.log"
-fi
+judge compile "run train_tiny.py --compile (inductor)" $?
 
 spawned() { # log: the workers' backends, or nothing
   grep '^RESULT ' "$1" | tail -1 | cut -d' ' -f2- |
