@@ -3,9 +3,12 @@ loop at 512 B, 1 MiB and 64 MiB, and a mixed-size loop that replaces one of
 many live tensors per iteration, for the native allocator, cachalot through
 the C++ shim, and cachalot through CUDAPluggableAllocator. Every
 measurement is its own process; the allocators alternate (the order
-rotates each repetition), --reps repetitions each; the table gives the
-median and the spread (min..max) of ns per alloc+free pair over processes,
-and the shim's and the pluggable path's difference to native.
+rotates each repetition), --reps repetitions each, every process pinned
+to the same CPU (--cpu; on a virtual machine's host, processes left to
+the scheduler land near 2 or near 4 us per pair whatever their
+allocator). The table gives the median and the spread (min..max) of ns
+per alloc+free pair over processes, and each mode's difference to native
+as the median of the differences within a repetition (paired).
 
 A mode may carry a memory-history setting after a colon: `native:python`
 and `shim:python` run with `_record_memory_history(stacks="python",
@@ -42,7 +45,9 @@ HISTORY = {"python": dict(stacks="python", max_entries=100_000),
            "all": dict(stacks="all", max_entries=100_000)}
 
 
-def child(mode: str, iters: int) -> dict:
+def child(mode: str, iters: int, cpu: int | None) -> dict:
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
     import torch
 
     full_mode = mode
@@ -58,7 +63,7 @@ def child(mode: str, iters: int) -> dict:
     torch.empty(1, device=dev)
     if history:
         torch.cuda.memory._record_memory_history(**HISTORY[history])
-    out = {"mode": full_mode, "backend": torch.cuda.memory.get_allocator_backend()}
+    out = {"mode": full_mode, "backend": torch.cuda.memory.get_allocator_backend(), "cpu": cpu}
     for case in CASES:
         if case == "mixed":
             rng = random.Random(5)
@@ -96,14 +101,38 @@ def child(mode: str, iters: int) -> dict:
     return out
 
 
-def run_child(mode: str, iters: int) -> dict:
+def run_child(mode: str, iters: int, cpu: int | None) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", mode, "--iters", str(iters)]
+    if cpu is not None:
+        cmd += ["--cpu", str(cpu)]
     p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
     sys.stderr.write(p.stdout[-3000:] + p.stderr[-6000:])
     raise RuntimeError(f"{mode}: no RESULT (exit {p.returncode})")
+
+
+def pin_cpu(arg: str) -> int | None:
+    """The CPU `--cpu` names; None for `none` (or where affinity is unknown)."""
+    if arg == "none" or not hasattr(os, "sched_getaffinity"):
+        return None
+    allowed = os.sched_getaffinity(0)
+    if arg == "auto":
+        return max(allowed)
+    try:
+        cpu = int(arg)
+    except ValueError:
+        raise SystemExit(f"--cpu: {arg!r} is not a number, auto or none")
+    if cpu not in allowed:
+        raise SystemExit(f"--cpu {cpu}: not one of the CPUs this process may use {sorted(allowed)}")
+    return cpu
+
+
+def paired(mine: list[dict], base: list[dict], case: str) -> float:
+    """The median over repetitions of this mode's figure minus its base's
+    in the same repetition."""
+    return statistics.median(a[case] - b[case] for a, b in zip(mine, base))
 
 
 def main() -> int:
@@ -113,16 +142,20 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--modes", default="native,shim,pluggable")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--cpu", default="auto",
+                    help="the CPU every measurement process is pinned to: a number, "
+                         "auto (the highest this process may run on) or none")
     args = ap.parse_args()
+    cpu = pin_cpu(args.cpu)
     if args.child:
-        print("RESULT " + json.dumps(child(args.child, args.iters)), flush=True)
+        print("RESULT " + json.dumps(child(args.child, args.iters, cpu)), flush=True)
         return 0
     modes = [m for m in args.modes.split(",") if m]
     runs: dict[str, list[dict]] = {m: [] for m in modes}
     for rep in range(args.reps):
         order = modes[rep % len(modes):] + modes[:rep % len(modes)]
         for m in order:
-            runs[m].append(run_child(m, args.iters))
+            runs[m].append(run_child(m, args.iters, cpu))
         print(f"bench_host: repetition {rep + 1}/{args.reps} done", flush=True)
     med = {m: {c: statistics.median(r[c] for r in runs[m]) for c in CASES} for m in modes}
     def base(m: str) -> str:
@@ -132,14 +165,14 @@ def main() -> int:
 
     compared = [m for m in modes if base(m) != m]
     print(f"\n| case | " + " | ".join(f"{m} ns/pair median (min..max)" for m in modes)
-          + " | " + " | ".join(f"{m} - {base(m)}" for m in compared) + " |")
+          + " | " + " | ".join(f"{m} - {base(m)} (paired median)" for m in compared) + " |")
     print("|---|" + "---|" * (len(modes) + len(compared)))
     for c in CASES:
         cells = []
         for m in modes:
             vals = [r[c] for r in runs[m]]
             cells.append(f"{med[m][c]:.0f} ({min(vals):.0f}..{max(vals):.0f})")
-        diffs = [f"{med[m][c] - med[base(m)][c]:+.0f} ns" if base(m) in med else "n/a"
+        diffs = [f"{paired(runs[m], runs[base(m)], c):+.0f} ns" if base(m) in runs else "n/a"
                  for m in modes if base(m) != m]
         print(f"| {c} | " + " | ".join(cells) + " | " + " | ".join(diffs) + " |")
     for m in modes:

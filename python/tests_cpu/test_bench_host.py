@@ -1,0 +1,47 @@
+"""bench_host.py's driver (no torch needed): the CPU the measurement
+processes are pinned to, and the paired difference to native."""
+
+import importlib.util
+import os
+import unittest
+from pathlib import Path
+
+SPEC = importlib.util.spec_from_file_location(
+    "bench_host", Path(__file__).resolve().parent.parent / "bench_host.py")
+bench_host = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(bench_host)
+
+
+class PinCpu(unittest.TestCase):
+    @unittest.skipUnless(hasattr(os, "sched_getaffinity"), "no sched_getaffinity on this platform")
+    def test_auto_is_a_cpu_this_process_may_use(self):
+        cpu = bench_host.pin_cpu("auto")
+        self.assertIn(cpu, os.sched_getaffinity(0))
+        self.assertEqual(cpu, max(os.sched_getaffinity(0)))
+
+    def test_none_leaves_the_scheduler_alone(self):
+        self.assertIsNone(bench_host.pin_cpu("none"))
+
+    @unittest.skipUnless(hasattr(os, "sched_getaffinity"), "no sched_getaffinity on this platform")
+    def test_a_cpu_outside_the_affinity_is_refused_by_name(self):
+        outside = max(os.sched_getaffinity(0)) + 1
+        with self.assertRaises(SystemExit) as e:
+            bench_host.pin_cpu(str(outside))
+        self.assertIn(f"--cpu {outside}", str(e.exception))
+        with self.assertRaises(SystemExit) as e:
+            bench_host.pin_cpu("fast")
+        self.assertIn("not a number", str(e.exception))
+
+
+class Paired(unittest.TestCase):
+    def test_the_difference_is_taken_within_each_repetition(self):
+        # the base drew one slow process (4,000 ns) and the mode two: the
+        # medians of each side differ by 2,000 ns, the paired differences
+        # are 100, 100 and 2,100
+        shim = [{"c": 2100}, {"c": 4100}, {"c": 4100}]
+        native = [{"c": 2000}, {"c": 4000}, {"c": 2000}]
+        self.assertEqual(bench_host.paired(shim, native, "c"), 100)
+
+
+if __name__ == "__main__":
+    unittest.main()
