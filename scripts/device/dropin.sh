@@ -27,6 +27,10 @@
 #   PT_K      space-separated filters for PyTorch's tests, any matching
 #             (e.g. "TestCudaMallocAsync TestFXMemoryProfiler"; default: all 80)
 #   PT_GPUS   --gpus of the runner (default 0,0,0,0: four at a time on one GPU)
+#   PT_TOGETHER=1  native and every configuration of part pt at once (each
+#             with PT_GPUS: 0,0,0,0 and two configurations are twelve tests
+#             at a time), instead of one after the other (on the H200 one
+#             run of 80 at eight at a time takes about 190 s)
 #   HOST_MODES, HOST_REPS, HOST_ITERS   bench_host.py's --modes, --reps, --iters
 #             (default native,shim,native:python,shim:python; 5; 10000)
 #   OUT       logs and JSON (a temp folder when unset)
@@ -103,8 +107,8 @@ for part in $PARTS; do
     for f in ${PT_K:-}; do k+=(-k "$f"); done
     runs="native"
     for c in $CONFIGS; do runs="$runs $c"; done
-    for r in $runs; do
-      echo "== pt: $r $(( $(date +%s) - S )) s"
+    pt_run() {
+      local r=$1 n conf cargs
       if [ "$r" = native ]; then
         n=native
         (cd dist/pt_tests && timeout 290 "$PY" run_with_allocator.py --alloc native --gpus "$PT_GPUS" \
@@ -117,8 +121,18 @@ for part in $PARTS; do
           --lib "$LIB" "${cargs[@]}" --gpus "$PT_GPUS" --timeout 240 --log-dir "$OUT/pt-logs-$n" \
           --results "$OUT/pt-$n.json" "${k[@]}") >"$OUT/pt-$n.log" 2>&1
       fi
-      echo "   exit $?: $(grep -E 'passed|failed' "$OUT/pt-$n.log" | tail -1)"
-    done
+      echo "   pt $r: exit $?: $(grep -E 'passed|failed' "$OUT/pt-$n.log" | tail -1)"
+    }
+    if [ "${PT_TOGETHER:-0}" = 1 ]; then
+      echo "== pt: $runs, together, $(( $(date +%s) - S )) s"
+      for r in $runs; do pt_run "$r" & done
+      wait
+    else
+      for r in $runs; do
+        echo "== pt: $r $(( $(date +%s) - S )) s"
+        pt_run "$r"
+      done
+    fi
     ;;
   host)
     echo "== host: $(( $(date +%s) - S )) s"

@@ -30,7 +30,8 @@
 #    on PyTorch's allocator with --no-children, same results; train_tiny.py
 #    --compile (inductor, whose compile workers are child processes that
 #    import torch) under the launcher;
-# 6. prints the table last; exit 0 when every row is ok.
+# 6. prints the table last; exit 0 when every row is ok. Every log ends in
+#    $OUT/all.tgz (the shim cache left out).
 #
 # Logs under $OUT (a temp folder when unset). SUITE_ARGS: more pytest
 # arguments for step 4 (e.g. -k "not slow").
@@ -287,4 +288,7 @@ echo "================ cachalot_torch wheel: results ================"
 printf '%-44s %-6s %s\n' check status detail
 printf '%s\n' "${rows[@]}"
 if [ "$fails" -eq 0 ]; then echo "WHEEL OK"; else echo "WHEEL: $fails check(s) failed"; fi
+# what comes back from a GPU call is a few files: every log in one archive
+# (the shim cache and the venv's build left out)
+(cd "$OUT" && ls -A | grep -v -x -e all.tgz -e shim-cache | tar czf all.tgz --remove-files -T - 2>/dev/null; true)
 [ "$fails" -eq 0 ]
