@@ -9,13 +9,16 @@
 #   WAYS="new= old=@dist/exp/old/cachalot" ROUNDS=4 scripts/device/threads.sh
 #
 # env: WAYS          cachalot's ways, NAME=CONFIG[@CLI] as in replay.sh
-#                    (default: "default= monotonic= fixed=expandable_segments:False":
-#                    the default, the default with the stat logs' stamps
-#                    from the monotonic clock instead of the fenced TSC,
-#                    and fixed segments)
+#                    (default: "default= stats-thread= monotonic=
+#                    fixed=expandable_segments:False": the default, the
+#                    default with the flushed stat logs summed by the stats
+#                    thread instead of the allocating threads, the default
+#                    with the stat logs' stamps from the monotonic clock
+#                    instead of the fenced TSC, and fixed segments)
 #      ARGS_<NAME>   more arguments of that way's `cachalot threads` (NAME
-#                    with '-' written '_'; default for the way "monotonic":
-#                    "--clock monotonic")
+#                    with '-' written '_'; defaults: "--stats-thread on" for
+#                    the way "stats-thread", "--clock monotonic" for
+#                    "monotonic")
 #      PEAKS=0       leaves the peak check out: the packed tests
 #                    cachalot-clock-lib (stamps exchanged between threads
 #                    never go back, on this host's cores) and
@@ -36,8 +39,9 @@
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; L=$OUT/threads.txt; : >"$L"
 D=${DIST:-dist/cuda}
-WAYS=${WAYS:-default= monotonic= fixed=expandable_segments:False}
+WAYS=${WAYS:-default= stats-thread= monotonic= fixed=expandable_segments:False}
 ARGS_monotonic=${ARGS_monotonic---clock monotonic}
+ARGS_stats_thread=${ARGS_stats_thread---stats-thread on}
 T=${THREADS_LIST:-1,2,4,8,16}
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 echo "cores: $(nproc), clocksource: $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>/dev/null)"
@@ -103,5 +107,11 @@ if first and med(first, 1):
         print("%s: 16 threads %.2f, 8 threads %.2f (not below: %s)" % (first, med(first, 16), med(first, 8), "yes" if med(first, 16) >= med(first, 8) else "NO"))
     if "monotonic" in names and med("monotonic", 1):
         print("%s: 1 thread / monotonic's: %.3f" % (first, one / med("monotonic", 1)))
+    if "stats-thread" in names:
+        for t in (8, 16):
+            if med("stats-thread", t) and med(first, t):
+                print("stats-thread: %d threads %.2f against %s's %.2f (%.2fx; over %s's one thread: %.2f)" % (
+                    t, med("stats-thread", t), first, med(first, t), med("stats-thread", t) / med(first, t),
+                    first, med("stats-thread", t) / one))
 print("peak check:", sys.argv[2])
 P

@@ -551,12 +551,15 @@ const SIZES: [u64; 6] = [512, 1536, 4096, 20_000, 65_536, 700_000];
 /// phase by phase on a fresh allocator. A stamp out of real-time order
 /// (an allocation of the next phase merged before a free of this one,
 /// across the barrier) shows as a higher peak. With the shards logging
-/// from the start and without.
+/// from the start and without; the flushed windows summed by the
+/// flushing threads and by the stats thread.
 #[test]
 fn peaks_match_a_serial_replay() {
     use std::sync::Barrier;
     const PHASES: usize = 120;
-    for threads in [8usize, 16] {
+    let summed_before = cachalot_core::engine::stats_thread_windows();
+    for (threads, stats_thread) in [(8usize, false), (16, false), (8, true), (16, true)] {
+        cachalot_core::engine::set_stats_thread(stats_thread);
         for logs in [true, false] {
             let (a, streams) = warmed(threads, 6);
             if logs {
@@ -626,13 +629,19 @@ fn peaks_match_a_serial_replay() {
             let serial = monotone_stats(&b);
             let ops: usize = programs.iter().flatten().map(Vec::len).sum();
             eprintln!(
-                "{threads} threads, logs {logs}: {ops} operations, peak allocated {}",
+                "{threads} threads, logs {logs}, stats thread {stats_thread}: {ops} operations, peak allocated {}",
                 serial[1].1
             );
-            assert_eq!(threaded, serial, "{threads} threads, logs {logs}");
+            assert_eq!(
+                threaded, serial,
+                "{threads} threads, logs {logs}, stats thread {stats_thread}"
+            );
             if logs {
                 assert!(a.shards_log());
             }
         }
     }
+    cachalot_core::engine::set_stats_thread(false);
+    // (the stats thread did sum windows of the runs that had it)
+    assert!(cachalot_core::engine::stats_thread_windows() > summed_before);
 }

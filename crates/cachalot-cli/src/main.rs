@@ -168,7 +168,8 @@ const THREADS_EXAMPLES: &str = "\
 Examples:
   cachalot threads --backend mock
   cachalot threads --backend cuda --threads 1,8,32 --ops 100000
-  cachalot threads --backend cuda --clock monotonic";
+  cachalot threads --backend cuda --clock monotonic
+  cachalot threads --backend cuda --threads 8,16 --stats-thread on";
 
 /// Examples of `capture-sim`.
 const CAPTURE_SIM_EXAMPLES: &str = "\
@@ -299,6 +300,11 @@ enum Command {
         /// Each JSON line names the clock used.
         #[arg(long, value_enum, default_value_t = run::Clock::Tsc)]
         clock: run::Clock,
+        /// Who sums the stat logs' flushed windows: off (the allocating
+        /// thread whose log filled, the default) or on (a process-wide
+        /// stats thread). Each JSON line says which.
+        #[arg(long, value_enum, default_value_t = run::OnOff::Off)]
+        stats_thread: run::OnOff,
     },
 }
 
@@ -357,7 +363,8 @@ fn main() -> ExitCode {
             threads,
             ops,
             clock,
-        } => run::threads_cmd(&device, &threads, ops, clock),
+            stats_thread,
+        } => run::threads_cmd(&device, &threads, ops, clock, stats_thread),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

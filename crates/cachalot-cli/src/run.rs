@@ -275,16 +275,28 @@ pub enum Clock {
     Monotonic,
 }
 
+/// On or off (`cachalot threads --stats-thread`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnOff {
+    /// On.
+    On,
+    /// Off.
+    Off,
+}
+
 /// `cachalot threads`: the multi-thread benchmark, one fresh allocator per
 /// thread count, one JSON line each (`cca_threads.cpp`'s fields, then
-/// `clock`: the stat logs' clock, `tsc` or `monotonic`).
+/// `clock`: the stat logs' clock, `tsc` or `monotonic`, and
+/// `stats_thread`: whether a stats thread summed the flushed windows).
 pub fn threads_cmd(
     opts: &DeviceOpts,
     threads: &[usize],
     ops: u64,
     clock: Clock,
+    stats_thread: OnOff,
 ) -> Result<(), CliError> {
     use cachalot::core::clock::{self, Source};
+    cachalot::core::engine::set_stats_thread(stats_thread == OnOff::On);
     // before any allocator stamps (the source is fixed at the first stamp)
     let want = match clock {
         Clock::Tsc => Source::Tsc,
@@ -307,7 +319,11 @@ pub fn threads_cmd(
         let mut line = r.to_json();
         if line.ends_with('}') {
             line.pop();
-            line.push_str(&format!(",\"clock\":\"{}\"}}", source.name()));
+            line.push_str(&format!(
+                ",\"clock\":\"{}\",\"stats_thread\":{}}}",
+                source.name(),
+                cachalot::core::engine::stats_thread_enabled()
+            ));
         }
         print_out(&format!("{line}\n"))?;
     }

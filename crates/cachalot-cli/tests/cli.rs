@@ -1115,6 +1115,34 @@ fn threads_name_their_clock() {
     }
 }
 
+/// `threads --stats-thread`: each JSON line says whether the stats thread
+/// summed the flushed stat logs, as asked (off by default); a bad value is
+/// a usage error.
+#[test]
+fn threads_say_who_summed_the_logs() {
+    for (flag, want) in [(None, false), (Some("on"), true), (Some("off"), false)] {
+        let mut args = vec![
+            "threads",
+            "--backend",
+            "mock",
+            "--threads",
+            "2",
+            "--ops",
+            "2000",
+        ];
+        if let Some(f) = flag {
+            args.extend(["--stats-thread", f]);
+        }
+        let o = run(&args);
+        assert_exit(&o, 0);
+        let lines = json_lines(&stdout(&o));
+        assert_eq!(lines.len(), 1);
+        assert_eq!(lines[0]["stats_thread"], want, "{flag:?}: {}", lines[0]);
+        assert!(lines[0]["mops_per_s"].as_f64().unwrap() > 0.0);
+    }
+    assert_usage_error(&run(&["threads", "--stats-thread", "maybe"]), "maybe");
+}
+
 /// Many streams (issue 39): one 82 MiB block on each of 200 streams, as
 /// `traces/many_streams.py` writes it. The default replays it on the
 /// H200-sized mock; PyTorch's expandable mode (1.125x the device reserved

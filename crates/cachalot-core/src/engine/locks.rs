@@ -4,6 +4,7 @@
 //! operation, spinning before parking, and the flushes of the shards'
 //! stat logs (`stat_log/`) that take the locks for as long as a swap.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::shard::{SHARDS, Shard};
@@ -188,8 +189,9 @@ impl<B: Backend> CachingAllocator<B> {
     /// With the device lock held: every occupied shard's lock (index order,
     /// as [`Self::lock`]) for as long as it takes to swap its logs for
     /// empty ones, as the next window; then, with every lock let go, the
-    /// window is summed, filed, and folded with the others ready if the
-    /// device lock is free (`stat_log/`).
+    /// window is summed and filed, by the stats thread when it takes it
+    /// (`stat_log::flusher`), else here and folded with the others ready
+    /// if the device lock is free (`stat_log/`).
     fn flush_held(&self, mut inner: MutexGuard<'_, Inner<B>>) {
         if !inner.fast_on {
             return;
@@ -237,21 +239,25 @@ impl<B: Backend> CachingAllocator<B> {
         let window = inner.windows_out;
         inner.windows_out += 1;
         drop(inner);
-        let sum = stat_log::summarize(&taken);
-        {
-            let mut f = sync::lock(&self.folds);
-            f.deposit(window, sum);
-            f.give_back(taken.iter_mut().flatten());
-            f.give_back(&mut fresh);
-        }
-        if let Some(mut inner) = sync::try_lock(&self.inner) {
-            self.settle(&mut inner, false);
+        sync::lock(&self.folds).give_back(&mut fresh);
+        // summed by the stats thread, else here (`stat_log::flusher`)
+        let job = stat_log::Job {
+            folds: Arc::clone(&self.folds),
+            window,
+            taken,
+        };
+        if let Some(job) = stat_log::offer(job) {
+            job.run();
+            if let Some(mut inner) = sync::try_lock(&self.inner) {
+                self.settle(&mut inner, false);
+            }
         }
     }
 
     /// Folds the flushed windows that are ready into the stats, in order;
     /// with `wait`, every window flushed so far (one still being summed is
-    /// waited for: its flusher holds no lock and needs only `folds`).
+    /// waited for: its flusher, or the stats thread, holds no lock and
+    /// needs only `folds`).
     fn settle(&self, inner: &mut Inner<B>, wait: bool) {
         loop {
             if inner.windows_folded == inner.windows_out {

@@ -62,6 +62,7 @@ pub use pool_ops::{SegmentEvent, SegmentTracker};
 pub use pools::{PoolId, SegmentSource};
 use shard::{SHARDS, Shard};
 pub use snapshot::{BlockSnapshot, BlockState, SegmentSnapshot, Snapshot};
+pub use stat_log::{set_stats_thread, stats_thread_enabled, stats_thread_windows};
 use state::{AllocOutcome, Inner};
 
 /// A callback run on out-of-memory, after the lock is dropped and before the
@@ -146,7 +147,7 @@ pub struct CachingAllocator<B: Backend> {
     shards: Box<[ShardLock<B::Stream>]>,
     /// The flushed windows of stat logs waiting to be folded, and the spare
     /// logs (a leaf lock: `stat_log::Folds`).
-    folds: Mutex<stat_log::Folds>,
+    folds: Arc<Mutex<stat_log::Folds>>,
     /// The shared mirror of the shards' fast operations while one thread
     /// runs them on several streams (`shard::Logging::Shared`; owned by
     /// that thread, no lock), folded at check-in.
@@ -195,7 +196,7 @@ impl<B: Backend> CachingAllocator<B> {
         Ok(Self {
             inner: Mutex::new(inner),
             shards: shards.into_iter().map(|s| Padded(Mutex::new(s))).collect(),
-            folds: Mutex::new(stat_log::Folds::default()),
+            folds: Arc::new(Mutex::new(stat_log::Folds::default())),
             shared: Padded(shard::SharedMirror::default()),
             id,
             fast: AtomicBool::new(false),

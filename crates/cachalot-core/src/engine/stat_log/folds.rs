@@ -19,7 +19,8 @@ pub(crate) type Taken = [[Vec<Entry>; 2]; SHARDS];
 /// of the flushes (every entry of a window was logged before any entry of
 /// a later one), and summarizes it ([`summarize`](super::summarize))
 /// after letting go of every lock, so that flushes on several threads sum
-/// their windows in parallel. The windows are folded into the stats in their order: a
+/// their windows in parallel, or hands it to the stats thread
+/// (`flusher.rs`). The windows are folded into the stats in their order: a
 /// window's peaks start from the values the earlier ones left.
 #[derive(Default)]
 pub(crate) struct Folds {

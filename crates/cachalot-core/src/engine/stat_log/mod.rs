@@ -257,9 +257,15 @@ pub(crate) fn now() -> u64 {
     CLOCK.fetch_add(1, Ordering::Relaxed)
 }
 
+mod flusher;
 mod folds;
 mod window;
 
+pub(crate) use flusher::{Job, offer};
+pub use flusher::{
+    enabled as stats_thread_enabled, set_enabled as set_stats_thread,
+    summed as stats_thread_windows,
+};
 pub(crate) use folds::{Folds, Taken};
 use window::ARR_KIND;
 pub(crate) use window::Window;
