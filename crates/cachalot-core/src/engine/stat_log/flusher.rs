@@ -21,7 +21,10 @@
 //! their share again, and the windows waiting stay few), when the thread
 //! could not be started, in a child forked from the process that started it
 //! (the thread does not survive `fork`), and under the model check (its
-//! threads are its own).
+//! threads are its own). A child forked while a window was queued would
+//! wait for it at its next check-in, as for a lock held across `fork`: an
+//! allocator is not to be used across `fork` with the thread on (CUDA's
+//! context does not survive it either).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
