@@ -373,9 +373,6 @@ fn merge(w: &mut impl Apply, seqs: &[&[Entry]; 2 * SHARDS]) {
             n += 1;
         }
     }
-    if n > LINEAR_MAX {
-        return merge_tree(w, &live[..n], &heads[..n]);
-    }
     while n > 1 {
         let (mut at, mut best, mut second) = (0, heads[0], u64::MAX);
         for (j, &h) in heads.iter().enumerate().take(n).skip(1) {
@@ -404,60 +401,6 @@ fn merge(w: &mut impl Apply, seqs: &[&[Entry]; 2 * SHARDS]) {
     if n == 1 {
         for e in live[0] {
             w.add(e);
-        }
-    }
-}
-
-/// Live logs up to which [`merge`] finds the next run by a scan of their
-/// heads; above, by a tournament tree ([`merge_tree`]).
-const LINEAR_MAX: usize = 4;
-
-/// [`merge`] of `live` logs (none empty; `heads`: their first keys) by a
-/// tournament tree over their heads: each run costs two walks of
-/// log2(logs) steps from its log's leaf to the root (the smallest of the
-/// other heads, then the new minimum) instead of a scan of every head.
-/// Eight threads' flushes merge about sixteen logs whose entries
-/// interleave one by one.
-fn merge_tree(w: &mut impl Apply, live: &[&[Entry]], heads: &[u64]) {
-    const LEAVES: usize = 2 * SHARDS;
-    let n = live.len();
-    let m = n.next_power_of_two();
-    debug_assert!(n > 1 && m <= LEAVES);
-    // nodes 1..m hold the smallest key below them; leaves m..2m the heads
-    // (u64::MAX: no log, or a log done; no key is that high)
-    let mut tree = [u64::MAX; 2 * LEAVES];
-    let mut logs: [&[Entry]; LEAVES] = [&[]; LEAVES];
-    let mut leaf_of = [0usize; LEAVES];
-    for (j, (&s, &h)) in live.iter().zip(heads).enumerate() {
-        tree[m + j] = h;
-        logs[j] = s;
-        leaf_of[(h & ((1 << IDX_BITS) - 1)) as usize] = j;
-    }
-    for i in (1..m).rev() {
-        tree[i] = tree[2 * i].min(tree[2 * i + 1]);
-    }
-    while tree[1] != u64::MAX {
-        let best = tree[1];
-        let idx = (best & ((1 << IDX_BITS) - 1)) as usize;
-        let leaf = m + leaf_of[idx];
-        // the smallest head of the other logs: the siblings on the way up
-        let (mut node, mut second) = (leaf, u64::MAX);
-        while node > 1 {
-            second = second.min(tree[node ^ 1]);
-            node >>= 1;
-        }
-        let s = logs[leaf - m];
-        let mut p = 0;
-        while p < s.len() && key(s[p].ts, idx) < second {
-            w.add(&s[p]);
-            p += 1;
-        }
-        logs[leaf - m] = &s[p..];
-        tree[leaf] = s.get(p).map_or(u64::MAX, |e| key(e.ts, idx));
-        let mut node = leaf;
-        while node > 1 {
-            node >>= 1;
-            tree[node] = tree[2 * node].min(tree[2 * node + 1]);
         }
     }
 }
@@ -623,8 +566,7 @@ mod tests {
         let mut next = xorshift(0x2545_f491_4f6c_dd1d);
         let mut start = stats_with_history();
         for round in 0..400 {
-            // (up to every log at once: the tree's merge too)
-            let nlogs = 1 + (next() % [6, 6, 2 * SHARDS as u64][round % 3]) as usize;
+            let nlogs = 1 + (next() % 6) as usize;
             let per = [2, 5, 60][round % 3];
             let mut logs: Vec<(usize, Vec<(Entry, Rec)>)> = Vec::new();
             let mut used = [false; 2 * SHARDS];
