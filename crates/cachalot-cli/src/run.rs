@@ -286,8 +286,10 @@ pub enum OnOff {
 
 /// `cachalot threads`: the multi-thread benchmark, one fresh allocator per
 /// thread count, one JSON line each (`cca_threads.cpp`'s fields, then
-/// `clock`: the stat logs' clock, `tsc` or `monotonic`, and
-/// `stats_thread`: whether a stats thread summed the flushed windows).
+/// `clock`: the stat logs' clock, `tsc` or `monotonic`, `stats_thread`:
+/// whether the stats thread was on, and `stats_thread_windows`: the
+/// flushed windows it summed, of `flushes`; the others were summed by the
+/// allocating threads, its queue being full).
 pub fn threads_cmd(
     opts: &DeviceOpts,
     threads: &[usize],
@@ -313,14 +315,16 @@ pub fn threads_cmd(
             )));
         }
         let dev = setup.open()?;
+        let summed = cachalot::core::engine::stats_thread_windows();
         let r = dev
             .threads_bench(t, ops)
             .map_err(failure(&format!("running {t} threads")))?;
+        let summed = cachalot::core::engine::stats_thread_windows() - summed;
         let mut line = r.to_json();
         if line.ends_with('}') {
             line.pop();
             line.push_str(&format!(
-                ",\"clock\":\"{}\",\"stats_thread\":{}}}",
+                ",\"clock\":\"{}\",\"stats_thread\":{},\"stats_thread_windows\":{summed}}}",
                 source.name(),
                 cachalot::core::engine::stats_thread_enabled()
             ));

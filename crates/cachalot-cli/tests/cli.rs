@@ -1138,6 +1138,16 @@ fn threads_say_who_summed_the_logs() {
         let lines = json_lines(&stdout(&o));
         assert_eq!(lines.len(), 1);
         assert_eq!(lines[0]["stats_thread"], want, "{flag:?}: {}", lines[0]);
+        // (the windows it summed: none when off, at most the flushes)
+        let summed = lines[0]["stats_thread_windows"].as_u64().unwrap();
+        assert!(
+            summed <= lines[0]["flushes"].as_u64().unwrap(),
+            "{}",
+            lines[0]
+        );
+        if !want {
+            assert_eq!(summed, 0, "{}", lines[0]);
+        }
         assert!(lines[0]["mops_per_s"].as_f64().unwrap() > 0.0);
     }
     assert_usage_error(&run(&["threads", "--stats-thread", "maybe"]), "maybe");
