@@ -288,8 +288,8 @@ pub enum OnOff {
 /// thread count, one JSON line each (`cca_threads.cpp`'s fields, then
 /// `clock`: the stat logs' clock, `tsc` or `monotonic`, `stats_thread`:
 /// whether the stats thread was on, and `stats_thread_windows`: the
-/// flushed windows it summed, of `flushes`; the others were summed by the
-/// allocating threads, its queue being full).
+/// flushed windows it summed during the run, its warm-up included; when
+/// its queue is full, the allocating threads sum theirs).
 pub fn threads_cmd(
     opts: &DeviceOpts,
     threads: &[usize],

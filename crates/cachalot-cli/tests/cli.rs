@@ -1138,13 +1138,8 @@ fn threads_say_who_summed_the_logs() {
         let lines = json_lines(&stdout(&o));
         assert_eq!(lines.len(), 1);
         assert_eq!(lines[0]["stats_thread"], want, "{flag:?}: {}", lines[0]);
-        // (the windows it summed: none when off, at most the flushes)
+        // (the windows it summed: none while off)
         let summed = lines[0]["stats_thread_windows"].as_u64().unwrap();
-        assert!(
-            summed <= lines[0]["flushes"].as_u64().unwrap(),
-            "{}",
-            lines[0]
-        );
         if !want {
             assert_eq!(summed, 0, "{}", lines[0]);
         }
