@@ -550,18 +550,11 @@ mod tests {
             eprintln!("{}", path.display());
             super::capi(&bytes);
         }
-        let mut x = 0x1234_5678_9abc_def0u64;
+        let mut rng = cachalot::core::rng::SplitMix64::new(0x1234_5678_9abc_def0);
         let n = if cfg!(miri) { 2 } else { 100 };
         for _ in 0..n {
-            let mut next = || {
-                x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-                let mut z = x;
-                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-                z ^ (z >> 31)
-            };
-            let len = (next() % 1024) as usize;
-            let bytes: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            let len = (rng.next_u64() % 1024) as usize;
+            let bytes: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
             super::capi(&bytes);
         }
     }
