@@ -239,12 +239,12 @@ impl<B: Backend> CachingAllocator<B> {
         let window = inner.windows_out;
         inner.windows_out += 1;
         drop(inner);
-        sync::lock(&self.folds).give_back(&mut fresh);
         // summed by the stats thread, else here (`stat_log::flusher`)
         let job = stat_log::Job {
             folds: Arc::clone(&self.folds),
             window,
             taken,
+            fresh,
         };
         if let Some(job) = stat_log::offer(job) {
             job.run();

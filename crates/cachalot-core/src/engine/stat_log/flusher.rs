@@ -30,7 +30,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, OnceLock};
 
-use super::{Folds, Taken, summarize};
+use super::{Entry, Folds, Taken, summarize};
+use crate::engine::shard::SHARDS;
 use crate::engine::sync::{self, Mutex};
 
 /// Windows that may wait for the stats thread; a flush past them sums its
@@ -45,15 +46,19 @@ pub(crate) struct Job {
     pub window: u64,
     /// The logs the flush took out.
     pub taken: Taken,
+    /// The spare logs the flush took for the swap and did not use.
+    pub fresh: [Vec<Entry>; 2 * SHARDS],
 }
 
 impl Job {
-    /// Sums the window and files the sum; the logs become spares.
+    /// Sums the window and files the sum; the logs, and the spares the
+    /// swap did not use, become spares.
     pub(crate) fn run(mut self) {
         let sum = summarize(&self.taken);
         let mut f = sync::lock(&self.folds);
         f.deposit(self.window, sum);
         f.give_back(self.taken.iter_mut().flatten());
+        f.give_back(&mut self.fresh);
     }
 }
 
@@ -167,6 +172,7 @@ mod tests {
             folds: Arc::clone(&inline),
             window: 0,
             taken: window(),
+            fresh: Default::default(),
         }
         .run();
         let want = folds_stats(&folded(&inline));
@@ -179,6 +185,7 @@ mod tests {
             folds: Arc::clone(&folds),
             window: 0,
             taken: window(),
+            fresh: Default::default(),
         };
         let job = offer(job).expect("refused while off");
 
