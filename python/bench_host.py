@@ -4,9 +4,9 @@ many live tensors per iteration, for the native allocator, cachalot through
 the C++ shim, and cachalot through CUDAPluggableAllocator. Every
 measurement is its own process; the allocators alternate (the order
 rotates each repetition), --reps repetitions each, every process pinned
-to the same CPU (--cpu; on a virtual machine's host, processes left to
-the scheduler land near 2 or near 4 us per pair whatever their
-allocator). The table gives the median and the spread (min..max) of ns
+to the same CPU (--cpu: on the H200's host, processes left to the
+scheduler landed near 2 or near 4 us per pair whatever their allocator;
+one CPU for all takes one difference between them away). The table gives the median and the spread (min..max) of ns
 per alloc+free pair over processes, and each mode's difference to native
 as the median of the differences within a repetition (paired).
 
@@ -103,8 +103,7 @@ def child(mode: str, iters: int, cpu: int | None) -> dict:
 
 def run_child(mode: str, iters: int, cpu: int | None) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", mode, "--iters", str(iters)]
-    if cpu is not None:
-        cmd += ["--cpu", str(cpu)]
+    cmd += ["--cpu", "none" if cpu is None else str(cpu)]
     p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):

@@ -33,6 +33,35 @@ class PinCpu(unittest.TestCase):
         self.assertIn("not a number", str(e.exception))
 
 
+class Child(unittest.TestCase):
+    def _cmd(self, cpu):
+        seen = []
+
+        class Done:
+            stdout, stderr, returncode = 'RESULT {"mode": "native"}\n', "", 0
+
+        def run(cmd, **_):
+            seen.append(cmd)
+            return Done()
+
+        real = bench_host.subprocess.run
+        bench_host.subprocess.run = run
+        try:
+            self.assertEqual(bench_host.run_child("native", 10, cpu), {"mode": "native"})
+        finally:
+            bench_host.subprocess.run = real
+        return seen[0]
+
+    def test_the_child_gets_the_drivers_cpu(self):
+        cmd = self._cmd(3)
+        self.assertEqual(cmd[cmd.index("--cpu") + 1], "3")
+
+    def test_no_pinning_reaches_the_child_too(self):
+        # (the child's own default would pin it)
+        cmd = self._cmd(None)
+        self.assertEqual(cmd[cmd.index("--cpu") + 1], "none")
+
+
 class Paired(unittest.TestCase):
     def test_the_difference_is_taken_within_each_repetition(self):
         # the base drew one slow process (4,000 ns) and the mode two: the
