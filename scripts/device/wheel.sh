@@ -289,6 +289,6 @@ printf '%-44s %-6s %s\n' check status detail
 printf '%s\n' "${rows[@]}"
 if [ "$fails" -eq 0 ]; then echo "WHEEL OK"; else echo "WHEEL: $fails check(s) failed"; fi
 # what comes back from a GPU call is a few files: every log in one archive
-# (the shim cache and the venv's build left out)
+# (the shim cache left out)
 (cd "$OUT" && ls -A | grep -v -x -e all.tgz -e shim-cache | tar czf all.tgz --remove-files -T - 2>/dev/null; true)
 [ "$fails" -eq 0 ]
