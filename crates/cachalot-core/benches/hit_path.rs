@@ -4,6 +4,8 @@
 // criterion's macros generate undocumented items
 #![allow(missing_docs)]
 
+use cachalot_core::engine::history::set_current_context;
+use cachalot_core::engine::{HistoryConfig, HistoryContext};
 use cachalot_core::{AllocatorConfig, Backend, CachingAllocator};
 use cachalot_mock::MockConfig;
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -41,6 +43,23 @@ fn hit_path(c: &mut Criterion) {
     for p in live {
         a.free(p).expect("free");
     }
+    // the memory history on (PyTorch's `_record_memory_history()`: every
+    // action kept, contexts of allocations and frees), each call under a
+    // context of its own as the PyTorch drop-in enters one per call; one
+    // block stays live (as in a program), so no free empties the stream
+    let keep = a.allocate(512, s).expect("alloc");
+    a.record_memory_history(Some(HistoryConfig::default()));
+    c.bench_function("alloc_free_1mib_history", |b| {
+        b.iter(|| {
+            let prev = set_current_context(Some(HistoryContext::new(1u64)));
+            let p = a.allocate(black_box(1 << 20), s).expect("alloc");
+            set_current_context(Some(HistoryContext::new(2u64)));
+            a.free(black_box(p)).expect("free");
+            set_current_context(prev);
+        })
+    });
+    a.record_memory_history(None);
+    a.free(keep).expect("free");
 }
 
 criterion_group!(benches, hit_path);

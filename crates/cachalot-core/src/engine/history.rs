@@ -35,6 +35,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use crate::backend::Backend;
 use crate::engine::CachingAllocator;
 use crate::engine::snapshot::{BlockState, Snapshot};
+use crate::engine::state::Inner;
 use crate::error::Error;
 
 /// What happened (PyTorch's trace-entry actions).
@@ -199,8 +200,8 @@ pub struct TraceEntry {
     /// segment's or range's for the segment actions, the rounded request
     /// for `Oom`, the active bytes for `Snapshot` (PyTorch's sizes).
     pub size: u64,
-    /// Stream (rendered with `Debug`).
-    pub stream: String,
+    /// Stream (rendered with `Debug`; entries of one stream share it).
+    pub stream: Arc<str>,
     /// Microseconds since the Unix epoch.
     pub time_us: u64,
     /// Captured Rust backtrace, when [`HistoryConfig::backtraces`] is on.
@@ -300,6 +301,45 @@ pub fn user_metadata() -> String {
     METADATA.with(|m| m.borrow().as_deref().unwrap_or("").to_string())
 }
 
+/// The `Debug` text of the streams the history has named, shared by their
+/// entries: formatting it for every entry cost more than the rest of the
+/// entry. Holds at most [`StreamNames::MAX`] (a program that makes a stream
+/// per request starts over when it is full).
+pub(crate) struct StreamNames<S>(Vec<(S, Arc<str>)>);
+
+impl<S> Default for StreamNames<S> {
+    fn default() -> Self {
+        Self(Vec::new())
+    }
+}
+
+impl<S: Copy + Eq + fmt::Debug> StreamNames<S> {
+    const MAX: usize = 64;
+
+    /// The name of `s`, formatted once.
+    pub fn name(&mut self, s: S) -> Arc<str> {
+        if let Some((_, n)) = self.0.iter().find(|(t, _)| *t == s) {
+            return n.clone();
+        }
+        if self.0.len() >= Self::MAX {
+            self.0.clear();
+        }
+        let n: Arc<str> = format!("{s:?}").into();
+        self.0.push((s, n.clone()));
+        n
+    }
+}
+
+impl<B: Backend> Inner<B> {
+    /// Appends a history entry when the history is on (one branch when off).
+    #[inline]
+    pub fn trace(&mut self, action: TraceAction, addr: u64, size: u64, stream: B::Stream) {
+        if let Some(h) = self.history.as_mut() {
+            h.push(action, addr, size, self.trace_names.name(stream));
+        }
+    }
+}
+
 fn now_us() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -395,7 +435,7 @@ impl History {
     }
 
     #[cold]
-    pub fn push(&mut self, action: TraceAction, addr: u64, size: u64, stream: String) {
+    pub fn push(&mut self, action: TraceAction, addr: u64, size: u64, stream: Arc<str>) {
         let current = CURRENT.with(|c| c.borrow().clone());
         let ctx = self.keep_contexts(action, addr, size, current);
         if self.config.max_entries == 0 || self.config.skip_actions.contains(action) {
@@ -502,5 +542,29 @@ impl<B: Backend> CachingAllocator<B> {
         if let Some(h) = self.lock().history.as_mut() {
             h.annotate(metadata);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StreamNames;
+    use std::sync::Arc;
+
+    #[test]
+    fn stream_names_are_formatted_once_and_bounded() {
+        let mut names = StreamNames::default();
+        let a = names.name(7u64);
+        let b = names.name(9u64);
+        assert_eq!((&*a, &*b), ("7", "9"));
+        // the same stream: the same text, not a new one
+        assert!(Arc::ptr_eq(&a, &names.name(7)));
+        for s in 100..100 + StreamNames::<u64>::MAX as u64 {
+            assert_eq!(&*names.name(s), s.to_string());
+        }
+        assert!(names.0.len() <= StreamNames::<u64>::MAX);
+        // started over when full: named again, with the right text
+        let again = names.name(7);
+        assert_eq!(&*again, "7");
+        assert!(!Arc::ptr_eq(&a, &again));
     }
 }

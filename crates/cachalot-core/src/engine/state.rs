@@ -12,7 +12,7 @@ use crate::engine::addr_table::Live;
 use crate::engine::block::{BState, BlockId, Blocks};
 use crate::engine::capture::{CaptureState, Deferred, MallocCtx};
 use crate::engine::events::EventState;
-use crate::engine::history::{History, TraceAction};
+use crate::engine::history::{History, StreamNames, TraceAction};
 use crate::engine::pools::{DEFAULT_POOL, PoolIdx, Pools};
 use crate::engine::rounding::{
     MAX_REQUEST, MIN_BLOCK_SIZE, SMALL_SIZE, allocation_size, round_size,
@@ -110,6 +110,8 @@ pub(crate) struct Inner<B: Backend> {
     pub(super) limits: Limits,
     /// Memory history, `None` when off.
     pub(super) history: Option<Box<History>>,
+    /// The history's names of the streams (`Inner::trace`).
+    pub(super) trace_names: StreamNames<B::Stream>,
     /// Segments the current release path could not free.
     pub(super) release_failures: ReleaseFailures,
     /// Stream → shard.
@@ -173,6 +175,7 @@ impl<B: Backend> Inner<B> {
             capture: CaptureState::default(),
             limits: Limits::new(total_memory, config.per_process_memory_fraction),
             history: None,
+            trace_names: StreamNames::default(),
             release_failures: ReleaseFailures::default(),
             router: Router::default(),
             config_gen: 0,
@@ -191,14 +194,6 @@ impl<B: Backend> Inner<B> {
             tracker: None,
             in_flight: InFlight::default(),
             config,
-        }
-    }
-
-    /// Appends a history entry when the history is on (one branch when off).
-    #[inline]
-    pub fn trace(&mut self, action: TraceAction, addr: u64, size: u64, stream: B::Stream) {
-        if let Some(h) = self.history.as_mut() {
-            h.push(action, addr, size, format!("{stream:?}"));
         }
     }
 
