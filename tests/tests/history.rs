@@ -349,3 +349,62 @@ fn history_off_gives_the_fast_path_back() {
     let paths = PathCounts::this_thread().since(&before);
     assert_eq!((paths.fast, paths.device), (2, 0));
 }
+
+/// Microseconds since the Unix epoch, now.
+fn wall_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+}
+
+#[test]
+fn entry_times_are_the_system_clock_in_microseconds_in_order() {
+    let d = Dev::new(FIXED);
+    on(&d, RecordContext::Never);
+    let before = wall_us();
+    let p = d.alloc(3000);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let mid = wall_us();
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    d.free(p);
+    let q = d.alloc(5 * MIB);
+    d.free(q);
+    let after = wall_us();
+    // read twice: the times of an entry do not move between readings
+    let (s, t) = (d.a.snapshot(), d.a.memory_history());
+    let times: Vec<u64> = s
+        .traces
+        .iter()
+        .filter(|e| e.action != TraceAction::Snapshot)
+        .map(|e| e.time_us)
+        .collect();
+    assert!(times.len() >= 5, "{times:?}");
+    assert!(times.is_sorted(), "{times:?}");
+    // within a millisecond of the system clock around them (the line
+    // through the start and the reading rounds to microseconds)
+    assert!(
+        times[0] + 1000 >= before && *times.last().unwrap() <= after + 1000,
+        "{before} <= {times:?} <= {after}"
+    );
+    let alloc_p = entries(&s, TraceAction::Alloc, p)[0].time_us;
+    let free_p = entries(&s, TraceAction::FreeRequested, p)[0].time_us;
+    assert!(
+        alloc_p <= mid && free_p + 1000 >= mid,
+        "{alloc_p} <= {mid} <= {free_p}"
+    );
+    assert!(
+        free_p - alloc_p >= 20_000,
+        "the 20 ms sleep between them: {free_p} - {alloc_p}"
+    );
+    let again: Vec<u64> = t
+        .iter()
+        .filter(|e| e.action != TraceAction::Snapshot)
+        .map(|e| e.time_us)
+        .collect();
+    for (a, b) in times.iter().zip(&again) {
+        assert!(a.abs_diff(*b) <= 2, "{times:?} / {again:?}");
+    }
+    d.a.record_memory_history(None);
+    d.check();
+}

@@ -346,9 +346,50 @@ fn now_us() -> u64 {
         .map_or(0, |d| d.as_micros() as u64)
 }
 
+/// The times of the entries. An entry takes a stamp of the process's clock
+/// ([`crate::clock::stamp`]: the fenced TSC where it is usable, a few
+/// nanoseconds, where a read of the system clock costs 32-45 ns on the
+/// H200's host and an allocation and its free make three entries); a
+/// reading turns stamps into microseconds since the Unix epoch along the
+/// line through two (stamp, system time) pairs, the history's start and
+/// the reading. Both sources tick at one rate (the invariant TSC, or the
+/// monotonic clock's nanoseconds), so the line is exact up to the system
+/// clock's own adjustments.
+struct EntryClock {
+    stamp: u64,
+    wall_ns: u128,
+}
+
+impl EntryClock {
+    fn now() -> Self {
+        let wall_ns = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        Self {
+            stamp: crate::clock::stamp(),
+            wall_ns,
+        }
+    }
+
+    /// Microseconds since the Unix epoch of a stamp taken between `self`
+    /// (the start) and `to` (the reading).
+    fn micros(&self, to: &Self, stamp: u64) -> u64 {
+        let ticks = u128::from(to.stamp.saturating_sub(self.stamp));
+        let ns = to.wall_ns.saturating_sub(self.wall_ns);
+        let after = u128::from(stamp.saturating_sub(self.stamp));
+        let off = (after.min(ticks) * ns).checked_div(ticks).unwrap_or(0);
+        u64::try_from((self.wall_ns + off) / 1000).unwrap_or(u64::MAX)
+    }
+}
+
 pub(crate) struct History {
     pub config: HistoryConfig,
-    pub ring: VecDeque<TraceEntry>,
+    /// The entries, oldest first; in here an entry's `time_us` holds its
+    /// clock stamp ([`EntryClock`]), made microseconds when read
+    /// ([`History::entries`]).
+    ring: VecDeque<TraceEntry>,
+    /// The clock at the history's start.
+    start: EntryClock,
     pub annotations: VecDeque<Annotation>,
     /// The context of each live block's allocation, by address.
     blocks: HashMap<u64, HistoryContext>,
@@ -366,6 +407,7 @@ impl History {
         Self {
             config,
             ring: VecDeque::with_capacity(config.max_entries.min(1 << 16)),
+            start: EntryClock::now(),
             annotations: VecDeque::new(),
             blocks: HashMap::new(),
             segments: BTreeMap::new(),
@@ -383,6 +425,19 @@ impl History {
         while self.annotations.len() > config.max_entries {
             self.annotations.pop_front();
         }
+    }
+
+    /// The entries, oldest first, their times in microseconds since the
+    /// Unix epoch.
+    pub fn entries(&self) -> Vec<TraceEntry> {
+        let now = EntryClock::now();
+        self.ring
+            .iter()
+            .map(|e| TraceEntry {
+                time_us: self.start.micros(&now, e.time_us),
+                ..e.clone()
+            })
+            .collect()
     }
 
     /// Drops the entries and annotations (not the contexts of live blocks).
@@ -453,7 +508,7 @@ impl History {
             addr,
             size,
             stream,
-            time_us: now_us(),
+            time_us: crate::clock::stamp(),
             frames,
             context: ctx.filter(|_| self.config.record_context >= RecordContext::Alloc),
             compile_context: COMPILE.with(|c| c.borrow().last().cloned()),
@@ -491,7 +546,7 @@ impl History {
                 }
             }
         }
-        snap.traces = self.ring.iter().cloned().collect();
+        snap.traces = self.entries();
         snap.annotations = self.annotations.iter().cloned().collect();
     }
 }
@@ -533,7 +588,7 @@ impl<B: Backend> CachingAllocator<B> {
         self.lock()
             .history
             .as_ref()
-            .map_or_else(Vec::new, |h| h.ring.iter().cloned().collect())
+            .map_or_else(Vec::new, |h| h.entries())
     }
 
     /// Records an annotation (PyTorch's `recordAnnotation`, from
