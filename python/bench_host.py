@@ -110,7 +110,10 @@ def child(mode: str, iters: int, cpu: int | None) -> dict:
 def run_child(mode: str, iters: int, cpu: int | None) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", mode, "--iters", str(iters)]
     cmd += ["--cpu", "none" if cpu is None else str(cpu)]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    # one string hash for every process (a dict's layout, and so the
+    # interpreter's own work per iteration, follows it)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONHASHSEED="0")
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])

@@ -34,14 +34,16 @@ class PinCpu(unittest.TestCase):
 
 
 class Child(unittest.TestCase):
-    def _cmd(self, cpu):
+    def _cmd(self, cpu, envs=None):
         seen = []
 
         class Done:
             stdout, stderr, returncode = 'RESULT {"mode": "native"}\n', "", 0
 
-        def run(cmd, **_):
+        def run(cmd, **kw):
             seen.append(cmd)
+            if envs is not None:
+                envs.append(kw.get("env"))
             return Done()
 
         real = bench_host.subprocess.run
@@ -55,6 +57,11 @@ class Child(unittest.TestCase):
     def test_the_child_gets_the_drivers_cpu(self):
         cmd = self._cmd(3)
         self.assertEqual(cmd[cmd.index("--cpu") + 1], "3")
+
+    def test_every_child_hashes_strings_alike(self):
+        envs = []
+        self._cmd(3, envs)
+        self.assertEqual(envs[0]["PYTHONHASHSEED"], "0")
 
     def test_no_pinning_reaches_the_child_too(self):
         # (the child's own default would pin it)
