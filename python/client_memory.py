@@ -84,16 +84,7 @@ def run_bert(torch, requests: int, clock: dict, trajectory: list) -> list[str]:
 
 def run_one(workload: str, allocator: str, config: str | None, lib: str | None, requests: int,
             steps: int) -> dict:
-    import torch
-
-    if allocator == "cachalot":
-        sys.path.insert(0, str(HERE))
-        import cachalot_torch
-
-        cachalot_torch.install(config=config, lib_path=lib)
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cudnn.benchmark = False
-    torch.backends.cuda.matmul.allow_tf32 = False
+    torch = prepare_torch(allocator, config, lib)
     clock = {"start": time.perf_counter()}
     trajectory: list = []
     if workload == "bert":
@@ -134,21 +125,51 @@ def run_one(workload: str, allocator: str, config: str | None, lib: str | None, 
     }
 
 
-def child(workload: str, allocator: str, config: str | None, args) -> dict:
+def prepare_torch(allocator: str, config: str | None, lib: str | None):
+    """torch in a run's process: on cachalot (installed with `config` from
+    `lib`) or PyTorch's own allocator, with deterministic algorithms, so
+    that every allocator gives the same outputs; returns the module."""
+    import torch
+
+    if allocator == "cachalot":
+        sys.path.insert(0, str(HERE))
+        import cachalot_torch
+
+        cachalot_torch.install(config=config, lib_path=lib)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    return torch
+
+
+def child_result(script: Path, run_args: list[str], allocator: str, config: str | None,
+                 lib: str) -> tuple[dict | None, subprocess.CompletedProcess]:
+    """Runs `script --run ...` (`run_args`) on `allocator` in a process of
+    its own: no allocator setting inherited, PyTorch's `config` in its
+    environment or cachalot's on the command line; its `RESULT` (None when
+    it printed none) and the process."""
     env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=CUBLAS_CONF)
     for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CACHALOT_ALLOC_CONF"):
         env.pop(k, None)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--run", workload, "--allocator", allocator,
-           "--requests", str(args.requests), "--steps", str(args.steps)]
+    cmd = [sys.executable, str(script), *run_args, "--allocator", allocator]
     if allocator == "native" and config:
         env["PYTORCH_CUDA_ALLOC_CONF"] = config
     if allocator == "cachalot":
-        cmd += ["--lib", args.lib] + (["--config", config] if config else [])
+        cmd += ["--lib", lib] + (["--config", config] if config else [])
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    raise SystemExit(f"{workload}/{allocator}/{config}: no result (rc {p.returncode})\n{p.stderr[-3000:]}")
+            return json.loads(line[7:]), p
+    return None, p
+
+
+def child(workload: str, allocator: str, config: str | None, args) -> dict:
+    r, p = child_result(Path(__file__).resolve(),
+                        ["--run", workload, "--requests", str(args.requests), "--steps", str(args.steps)],
+                        allocator, config, args.lib)
+    if r is None:
+        raise SystemExit(f"{workload}/{allocator}/{config}: no result (rc {p.returncode})\n{p.stderr[-3000:]}")
+    return r
 
 
 # what empty_cache may leave reserved beyond the allocated bytes once a

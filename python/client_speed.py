@@ -44,23 +44,17 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-CUBLAS_CONF = ":4096:8"
-# (name, allocator, config): the config is PyTorch's for native, cachalot's for cachalot
-WAYS = (
-    ("native", "native", None),
-    ("native-expandable", "native", "expandable_segments:True"),
-    ("cachalot", "cachalot", None),
-    ("cachalot-fixed", "cachalot", "expandable_segments:False"),
-)
+sys.path.insert(0, str(HERE))
+# the four allocators (name, allocator, config), how a run's process is
+# started and how it sets torch up: as for the clients' memory
+from client_memory import WAYS, child_result, prepare_torch  # noqa: E402
 WORKLOADS = ("bert", "generate", "train")
 # steps per process and warm-up steps left out of the median, per workload
 STEPS = {"bert": 120, "generate": 16, "train": 40}
@@ -155,16 +149,7 @@ RUNNERS = {"bert": run_bert, "generate": run_generate, "train": run_train}
 
 
 def run_one(workload: str, allocator: str, config: str | None, lib: str | None, steps: int) -> dict:
-    import torch
-
-    if allocator == "cachalot":
-        sys.path.insert(0, str(HERE))
-        import cachalot_torch
-
-        cachalot_torch.install(config=config, lib_path=lib)
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cudnn.benchmark = False
-    torch.backends.cuda.matmul.allow_tf32 = False
+    torch = prepare_torch(allocator, config, lib)
     times: list[float] = []
     digest = hashlib.sha256()
     RUNNERS[workload](torch, steps, times, digest)
@@ -184,19 +169,11 @@ def run_one(workload: str, allocator: str, config: str | None, lib: str | None, 
 
 def child(workload: str, way: tuple, args) -> dict:
     name, allocator, config = way
-    env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=CUBLAS_CONF)
-    for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CACHALOT_ALLOC_CONF"):
-        env.pop(k, None)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--run", workload, "--allocator", allocator,
-           "--steps", str(args.steps or STEPS[workload])]
-    if allocator == "native" and config:
-        env["PYTORCH_CUDA_ALLOC_CONF"] = config
-    if allocator == "cachalot":
-        cmd += ["--lib", args.lib] + (["--config", config] if config else [])
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    for line in p.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return dict(json.loads(line[7:]), way=name)
+    r, p = child_result(Path(__file__).resolve(),
+                        ["--run", workload, "--steps", str(args.steps or STEPS[workload])],
+                        allocator, config, args.lib)
+    if r is not None:
+        return dict(r, way=name)
     raise RuntimeError(f"{workload}/{name}: no result (rc {p.returncode})\n{p.stderr[-3000:]}")
 
 

@@ -80,6 +80,49 @@ class Summary(unittest.TestCase):
         self.assertIn("generate: MISS median step 60.00 ms <= native's 50.00", lines)
 
 
+class Child(unittest.TestCase):
+    def _run(self, way, steps=0):
+        import types
+
+        seen = []
+
+        def run(cmd, env=None, **_):
+            seen.append((cmd, env))
+            return types.SimpleNamespace(stdout='noise\nRESULT {"workload": "train"}\n', stderr="", returncode=0)
+
+        mem = client_speed.child_result.__globals__["subprocess"]
+        real, mem.run = mem.run, run
+        try:
+            args = types.SimpleNamespace(steps=steps, lib="/x/lib.so")
+            r = client_speed.child("train", way, args)
+        finally:
+            mem.run = real
+        return r, seen[0]
+
+    def test_a_native_way_gets_pytorchs_setting_and_nothing_inherited(self):
+        import os
+
+        os.environ["CACHALOT_ALLOC_CONF"] = "expandable_segments:False"
+        try:
+            r, (cmd, env) = self._run(("native-expandable", "native", "expandable_segments:True"))
+        finally:
+            del os.environ["CACHALOT_ALLOC_CONF"]
+        self.assertEqual(r, {"workload": "train", "way": "native-expandable"})
+        self.assertEqual(env["PYTORCH_CUDA_ALLOC_CONF"], "expandable_segments:True")
+        self.assertNotIn("CACHALOT_ALLOC_CONF", env)
+        self.assertEqual(env["CUBLAS_WORKSPACE_CONFIG"], ":4096:8")
+        self.assertNotIn("--lib", cmd)
+        self.assertEqual(cmd[cmd.index("--steps") + 1], str(client_speed.STEPS["train"]))
+
+    def test_a_cachalot_way_gets_the_library_and_its_config(self):
+        _, (cmd, env) = self._run(("cachalot-fixed", "cachalot", "expandable_segments:False"), steps=7)
+        self.assertNotIn("PYTORCH_CUDA_ALLOC_CONF", env)
+        self.assertEqual(cmd[cmd.index("--lib") + 1], "/x/lib.so")
+        self.assertEqual(cmd[cmd.index("--config") + 1], "expandable_segments:False")
+        self.assertEqual(cmd[cmd.index("--allocator") + 1], "cachalot")
+        self.assertEqual(cmd[cmd.index("--steps") + 1], "7")
+
+
 class SummarizeFile(unittest.TestCase):
     def test_a_saved_run_is_summarized_with_its_exit_status(self):
         import json
