@@ -10,7 +10,7 @@ use cachalot::DeviceAllocator;
 use cachalot::core::engine::{SegmentEvent, SegmentTracker};
 use parking_lot::RwLock;
 
-use super::{action_code, stream_value};
+use super::snapshot::{action_code, stream_value};
 use crate::{Failure, existing_allocs, status};
 
 /// A segment event (`cachalot_segment_event_t`).
