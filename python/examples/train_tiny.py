@@ -22,6 +22,18 @@ import os
 import torch
 
 
+def segments(dev) -> list:
+    """The segments of the memory snapshot: total size, allocated bytes,
+    stream and pool of each, largest first."""
+    out = []
+    for seg in torch.cuda.memory_snapshot():
+        if seg.get("device", 0) != dev.index:
+            continue
+        out.append([seg["total_size"], seg["allocated_size"], seg["stream"],
+                    str(seg.get("segment_pool_id", ""))])
+    return sorted(out, reverse=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=30)
@@ -29,6 +41,8 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--compile", action="store_true",
                     help="torch.compile the model (inductor; its compile workers are child processes)")
+    ap.add_argument("--segments", action="store_true",
+                    help="list the segments held at the end (size, stream, pool) in the result")
     args = ap.parse_args()
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -70,6 +84,8 @@ def main() -> int:
             "steps": args.steps,
             "losses": [v.hex() for v in losses],
             "peak_reserved": torch.cuda.max_memory_reserved(dev),
+            "peak_allocated": torch.cuda.max_memory_allocated(dev),
+            "segments": segments(dev) if args.segments else None,
         }), flush=True)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

@@ -935,14 +935,15 @@ mod tests {
         &src[start..end]
     }
 
-    const CORE_REPLAY: &str = include_str!("../../crates/cachalot-core/src/replay.rs");
+    const CORE_REPLAY_RUN: &str = include_str!("../../crates/cachalot-core/src/replay/run.rs");
+    const CORE_THREADS: &str = include_str!("../../crates/cachalot-core/src/replay/threads.rs");
     const CORE_RNG: &str = include_str!("../../crates/cachalot-core/src/rng.rs");
 
     /// The PyTorch replay prints every field of `cachalot replay --json`,
     /// first and in the same order, so that bench.sh reads both alike.
     #[test]
     fn torch_replay_prints_cachalots_replay_fields() {
-        let report = &CORE_REPLAY[CORE_REPLAY.find("impl ReplayReport").unwrap()..];
+        let report = &CORE_REPLAY_RUN[CORE_REPLAY_RUN.find("impl ReplayReport").unwrap()..];
         let ours = json_keys(fn_body(report, "to_json"));
         assert_eq!(ours.first().map(String::as_str), Some("trace"));
         assert!(ours.len() >= 9, "{ours:?}");
@@ -980,12 +981,12 @@ mod tests {
             .iter()
             .find(|h| h.0 == "torch_threads.cpp")
             .unwrap();
-        let report = &CORE_REPLAY[CORE_REPLAY.find("impl ThreadsReport").unwrap()..];
+        let report = &CORE_THREADS[CORE_THREADS.find("impl ThreadsReport").unwrap()..];
         let ours = json_keys(fn_body(report, "to_json"));
         // (then cachalot's own: how the operations were served)
         assert_eq!(ours[..3], ["threads", "ops", "mops_per_s"]);
         assert_eq!(&json_keys(cpp)[..3], &ours[..3]);
-        let bench = fn_body(CORE_REPLAY, "threads_bench");
+        let bench = fn_body(CORE_THREADS, "threads_bench");
         // (the seed is the bench's; the generator is `rng.rs`'s)
         assert!(bench.contains("SplitMix64::new"));
         let generator = fn_body(CORE_RNG, "next_u64");

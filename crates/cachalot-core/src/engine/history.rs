@@ -27,13 +27,14 @@
 
 use std::any::Any;
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::backend::Backend;
 use crate::engine::CachingAllocator;
+use crate::engine::fast_map::FastMap;
 use crate::engine::snapshot::{BlockState, Snapshot};
 use crate::engine::state::Inner;
 use crate::error::Error;
@@ -347,8 +348,9 @@ fn now_us() -> u64 {
 }
 
 /// The times of the entries. An entry takes a stamp of the process's clock
-/// ([`crate::clock::stamp`]: the fenced TSC where it is usable, a few
-/// nanoseconds, where a read of the system clock costs 32-45 ns on the
+/// ([`crate::clock::approximate`]: the TSC where it is usable, unfenced as
+/// PyTorch's `getApproximateTime`, a few nanoseconds, kept from going back
+/// along the ring; where a read of the system clock costs 32-45 ns on the
 /// H200's host and an allocation and its free make three entries); a
 /// reading turns stamps into microseconds since the Unix epoch along the
 /// line through two (stamp, system time) pairs, the history's start and
@@ -390,9 +392,11 @@ pub(crate) struct History {
     ring: VecDeque<TraceEntry>,
     /// The clock at the history's start.
     start: EntryClock,
+    /// The stamp of the newest entry.
+    last_stamp: u64,
     pub annotations: VecDeque<Annotation>,
     /// The context of each live block's allocation, by address.
-    blocks: HashMap<u64, HistoryContext>,
+    blocks: FastMap<u64, HistoryContext>,
     /// The context of each segment's (mapped range's) allocation and its
     /// size, by start. As PyTorch's `context_when_segment_allocated`, it
     /// lives on the segment's first block: an allocation at the start that
@@ -404,12 +408,14 @@ pub(crate) struct History {
 
 impl History {
     pub fn new(config: HistoryConfig) -> Self {
+        let start = EntryClock::now();
         Self {
             config,
             ring: VecDeque::with_capacity(config.max_entries.min(1 << 16)),
-            start: EntryClock::now(),
+            last_stamp: start.stamp,
+            start,
             annotations: VecDeque::new(),
-            blocks: HashMap::new(),
+            blocks: FastMap::default(),
             segments: BTreeMap::new(),
         }
     }
@@ -499,6 +505,9 @@ impl History {
         while self.ring.len() >= self.config.max_entries {
             self.ring.pop_front();
         }
+        // unfenced (a few cycles less); the entries' order is the ring's,
+        // and their times never go back along it
+        self.last_stamp = crate::clock::approximate().max(self.last_stamp);
         let frames = self
             .config
             .backtraces
@@ -508,7 +517,7 @@ impl History {
             addr,
             size,
             stream,
-            time_us: crate::clock::stamp(),
+            time_us: self.last_stamp,
             frames,
             context: ctx.filter(|_| self.config.record_context >= RecordContext::Alloc),
             compile_context: COMPILE.with(|c| c.borrow().last().cloned()),

@@ -18,6 +18,7 @@ mod capture;
 mod checkpoint;
 mod events;
 mod expandable;
+mod fast_map;
 mod free_set;
 pub mod history;
 mod invariants;

@@ -38,9 +38,6 @@ mod cross_log;
 mod reach;
 mod reuse;
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-
 use crate::backend::{Backend, CaptureStatus, GraphCapture, NodeOf};
 use crate::config::CaptureReuse;
 use crate::engine::block::BlockId;
@@ -51,44 +48,7 @@ use crate::error::{BackendError, CaptureError, Error};
 use cross_log::CrossLog;
 use reach::Reach;
 
-/// A fast hasher for graph nodes (small ids or pointers).
-#[derive(Default, Clone, Copy)]
-pub(crate) struct NodeHasher(u64);
-
-impl NodeHasher {
-    #[inline]
-    fn add(&mut self, x: u64) {
-        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x517C_C1B7_2722_0A95);
-    }
-}
-
-impl Hasher for NodeHasher {
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.add(u64::from(b));
-        }
-    }
-    #[inline]
-    fn write_u32(&mut self, x: u32) {
-        self.add(u64::from(x));
-    }
-    #[inline]
-    fn write_u64(&mut self, x: u64) {
-        self.add(x);
-    }
-    #[inline]
-    fn write_usize(&mut self, x: usize) {
-        self.add(x as u64);
-    }
-}
-
-/// A map keyed by streams, capture ids or nodes, with the fast hasher.
-pub(crate) type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<NodeHasher>>;
+pub(crate) use crate::engine::fast_map::FastMap;
 
 /// Capture status and id of `stream`, its terminals written into
 /// `terminals`: "not capturing" on a backend without capture.
