@@ -16,7 +16,12 @@ max_entries=100000)` on (every allocation and free gathers its Python
 stack, as PyTorch's default `context="all"` does); each is compared with
 native under the same setting. `:entries` records every action with no
 stack (`context=None`): the allocator's own bookkeeping of the history,
-without the gathering.
+without the gathering. A process with a history setting also times each
+loop with the history off between its rounds, so the history's cost is
+also given relative to the same process (the host's processes differ by
+up to 2x from one to the next); with the plain modes in the same run, the
+table after the first takes `shim:python` against `native:python` apart
+into the history-off difference and each side's relative cost.
 
     python3 python/bench_host.py [--reps 5] [--modes native,shim,pluggable] [--json out.json]
     python3 python/bench_host.py --modes native,shim,native:python,shim:python
@@ -67,8 +72,12 @@ def child(mode: str, iters: int, cpu: int | None) -> dict:
         cachalot_torch.install(mode=mode)
     dev = torch.device("cuda", 0)
     torch.empty(1, device=dev)
-    if history:
-        torch.cuda.memory._record_memory_history(**HISTORY[history])
+
+    def record(on: bool) -> None:
+        if history:
+            torch.cuda.memory._record_memory_history(**HISTORY[history] if on else {"enabled": None})
+
+    record(True)
     out = {"mode": full_mode, "backend": torch.cuda.memory.get_allocator_backend(), "cpu": cpu}
     for case in CASES:
         if case == "mixed":
@@ -88,12 +97,24 @@ def child(mode: str, iters: int, cpu: int | None) -> dict:
                     x = torch.empty(size, dtype=torch.uint8, device=dev)
                     del x
         loop(min(iters, 2000))  # warm the cache
-        best = []
-        for _ in range(3):
+
+        def timed() -> float:
             t0 = time.perf_counter_ns()
             loop(iters)
-            best.append((time.perf_counter_ns() - t0) / iters)
+            return (time.perf_counter_ns() - t0) / iters
+
+        best, off = [], []
+        for _ in range(3):
+            if history:
+                # the same loop with the history off, in this process
+                # (see in_process)
+                record(False)
+                off.append(timed())
+                record(True)
+            best.append(timed())
         out[case] = statistics.median(best)
+        if history:
+            out[case + ":off"] = statistics.median(off)
         if case == "mixed":
             del live
         torch.cuda.synchronize()
@@ -143,6 +164,27 @@ def paired(mine: list[dict], base: list[dict], case: str) -> float:
     return statistics.median(a[case] - b[case] for a, b in zip(mine, base))
 
 
+def in_process(runs: list[dict], case: str) -> float:
+    """The history's cost relative to the same process's figure with the
+    history off: the median over processes of on / off - 1. A process's
+    speed is one state for its whole life (on the H200's host some run at
+    about 1.9 us a pair and some at about 3.8, whatever their allocator),
+    so a ratio within one process does not see which state it drew."""
+    return statistics.median(r[case] / r[case + ":off"] - 1 for r in runs)
+
+
+def decomposed(runs: dict[str, list[dict]], mode: str, base: str, plain: str,
+               plain_base: str, case: str) -> tuple[float, float, float]:
+    """`mode` against `base` (native under the same history setting) taken
+    apart: the paired difference with the history off (`plain` against
+    `plain_base`, in ns), and each side's in-process relative cost of the
+    history. Returns (off difference ns, mode's relative cost, base's);
+    `mode` costs no more than `base` when the first is <= 0 and the second
+    <= the third: off(mode) * (1 + cost(mode)) <= off(base) * (1 + cost(base))."""
+    return (paired(runs[plain], runs[plain_base], case), in_process(runs[mode], case),
+            in_process(runs[base], case))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--child", default=None, help="one measurement process of this mode")
@@ -183,6 +225,25 @@ def main() -> int:
         diffs = [f"{paired(runs[m], runs[base(m)], c):+.0f} ns" if base(m) in runs else "n/a"
                  for m in modes if base(m) != m]
         print(f"| {c} | " + " | ".join(cells) + " | " + " | ".join(diffs) + " |")
+    # the history's cost taken apart (see decomposed), where the modes
+    # without the history ran too
+    for m in compared:
+        if ":" not in m:
+            continue
+        plain, b = m.partition(":")[0], base(m)
+        if b not in runs or plain not in runs or "native" not in runs:
+            continue
+        if not all(c + ":off" in r for r in runs[m] + runs[b] for c in CASES):
+            continue
+        print(f"\n{m} against {b}, taken apart: {plain} - native with the history off (paired "
+              f"median), and the history's cost in each process relative to its own figure "
+              f"with the history off (median of on / off - 1)")
+        print(f"| case | {plain} - native, off | {m} cost | {b} cost | {m} <= {b} |")
+        print("|---|---|---|---|---|")
+        for c in CASES:
+            d, mine, theirs = decomposed(runs, m, b, plain, "native", c)
+            ok = d <= 0 and mine <= theirs
+            print(f"| {c} | {d:+.0f} ns | {mine:+.1%} | {theirs:+.1%} | {'yes' if ok else 'no'} |")
     for m in modes:
         if ":" in m and not m.endswith(":entries"):
             ok = all(r.get("history_frames") for r in runs[m])

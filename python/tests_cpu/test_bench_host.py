@@ -81,3 +81,30 @@ class Paired(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class InProcess(unittest.TestCase):
+    def test_the_historys_cost_is_relative_to_its_own_process(self):
+        # one fast process and two slow ones (2x): the relative cost is the
+        # same 10% in each, whatever state the process drew
+        runs = [{"c": 2200, "c:off": 2000}, {"c": 4400, "c:off": 4000},
+                {"c": 4400, "c:off": 4000}]
+        self.assertAlmostEqual(bench_host.in_process(runs, "c"), 0.10)
+
+    def test_decomposed_takes_the_off_difference_and_both_costs(self):
+        runs = {
+            "native": [{"c": 2000}, {"c": 4000}, {"c": 2000}],
+            "shim": [{"c": 1900}, {"c": 3900}, {"c": 3800}],
+            "native:python": [{"c": 6000, "c:off": 2000}, {"c": 12000, "c:off": 4000},
+                              {"c": 6000, "c:off": 2000}],
+            "shim:python": [{"c": 11400, "c:off": 3800}, {"c": 5700, "c:off": 1900},
+                            {"c": 11400, "c:off": 3800}],
+        }
+        d, mine, theirs = bench_host.decomposed(runs, "shim:python", "native:python", "shim",
+                                                "native", "c")
+        # paired off differences -100, -100, +1,800: median -100; both
+        # sides cost 200% (the medians of the raw figures, 11,400 against
+        # 6,000, would have called the shim 90% dearer)
+        self.assertEqual(d, -100)
+        self.assertAlmostEqual(mine, 2.0)
+        self.assertAlmostEqual(theirs, 2.0)

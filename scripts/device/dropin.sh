@@ -193,7 +193,7 @@ host = out / "host.log"
 if host.is_file():
     print("\nhost cost (ns per torch.empty + del; each mode against native with the same history setting):")
     for line in host.read_text().splitlines():
-        if line.startswith("|") or "history recorded" in line:
+        if line.startswith("|") or "history recorded" in line or "taken apart" in line:
             print(line)
 P
 # what comes back is at most 8 files: the table, and everything else in one archive
