@@ -163,17 +163,7 @@ fn kernel_keeps_tsc() -> bool {
 /// stamp.
 #[inline]
 pub fn stamp() -> u64 {
-    match CHOSEN.load(Ordering::Acquire) {
-        TSC => {
-            let base = TSC_BASE.get().copied().unwrap_or(0);
-            tsc::read().saturating_sub(base) + 1
-        }
-        MONOTONIC => monotonic(),
-        _ => {
-            source();
-            stamp()
-        }
-    }
+    stamp_with(tsc::read)
 }
 
 /// A [`stamp`] without the fence: the same units and origin, a few cycles
@@ -183,15 +173,21 @@ pub fn stamp() -> u64 {
 /// `getApproximateTime`), never for the stat logs' order.
 #[inline]
 pub fn approximate() -> u64 {
+    stamp_with(tsc::read_unfenced)
+}
+
+/// A stamp of the chosen source, the TSC read by `read` (fenced or not).
+#[inline(always)]
+fn stamp_with(read: fn() -> u64) -> u64 {
     match CHOSEN.load(Ordering::Acquire) {
         TSC => {
             let base = TSC_BASE.get().copied().unwrap_or(0);
-            tsc::read_unfenced().saturating_sub(base) + 1
+            read().saturating_sub(base) + 1
         }
         MONOTONIC => monotonic(),
         _ => {
             source();
-            approximate()
+            stamp_with(read)
         }
     }
 }

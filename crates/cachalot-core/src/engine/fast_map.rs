@@ -11,16 +11,16 @@ use std::hash::{BuildHasherDefault, Hasher};
 /// that its well-mixed high bits pick the bucket (an address's low bits
 /// are zero: aligned).
 #[derive(Default, Clone, Copy)]
-pub(crate) struct NodeHasher(u64);
+pub(crate) struct FastHasher(u64);
 
-impl NodeHasher {
+impl FastHasher {
     #[inline]
     fn add(&mut self, x: u64) {
         self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x517C_C1B7_2722_0A95);
     }
 }
 
-impl Hasher for NodeHasher {
+impl Hasher for FastHasher {
     #[inline]
     fn finish(&self) -> u64 {
         self.0.rotate_left(26)
@@ -47,4 +47,4 @@ impl Hasher for NodeHasher {
 
 /// A map keyed by streams, capture ids, nodes or addresses, with the fast
 /// hasher.
-pub(crate) type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<NodeHasher>>;
+pub(crate) type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
